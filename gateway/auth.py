@@ -1,0 +1,69 @@
+"""Authentication: `Authorization: Bearer <key>` → the key's record (and so its tenant)."""
+
+from __future__ import annotations
+
+import hmac
+
+from starlette.requests import Request
+
+from gateway.errors import APIError
+from gateway.keys import ADMIN_TENANT, FileKeyStore, KeyRecord, hash_key
+
+_WWW = {"www-authenticate": "Bearer"}
+
+
+def bearer_token(request: Request) -> str:
+    header = request.headers.get("authorization")
+    if not header:
+        raise APIError(
+            401,
+            "You didn't provide an API key. Send it as 'Authorization: Bearer <key>'.",
+            type="authentication_error",
+            code="missing_api_key",
+            headers=_WWW,
+        )
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise APIError(
+            401,
+            "Malformed Authorization header; expected 'Bearer <key>'.",
+            type="authentication_error",
+            code="invalid_api_key",
+            headers=_WWW,
+        )
+    return token.strip()
+
+
+def _invalid() -> APIError:
+    return APIError(
+        401, "Incorrect API key provided.", type="authentication_error", code="invalid_api_key", headers=_WWW
+    )
+
+
+class Authenticator:
+    """Checks keys against the store; the admin key may also come from settings (env)."""
+
+    def __init__(self, store: FileKeyStore, admin_key: str | None) -> None:
+        self.store = store
+        self._admin_hash = hash_key(admin_key) if admin_key else None
+
+    def _is_settings_admin(self, token: str) -> bool:
+        return self._admin_hash is not None and hmac.compare_digest(hash_key(token), self._admin_hash)
+
+    def client(self, request: Request) -> KeyRecord:
+        """A tenant key (admin keys are refused here: they carry no tenant)."""
+        record = self.store.verify(bearer_token(request))
+        if record is None or record.admin:
+            raise _invalid()
+        return record
+
+    def admin(self, request: Request) -> KeyRecord:
+        token = bearer_token(request)
+        if self._is_settings_admin(token):
+            return KeyRecord("admin-env", ADMIN_TENANT, "POLYROUTE_ADMIN_KEY", "", "", admin=True)
+        record = self.store.verify(token)
+        if record is None:
+            raise _invalid()
+        if not record.admin:
+            raise APIError(403, "This route needs the admin key.", type="permission_error", code="not_admin")
+        return record

@@ -1,0 +1,218 @@
+"""POST /v1/chat/completions: auth → validation → admission → routing → worker calls → response.
+
+Fallback walks the router's ranking, which holds only admissible workers; a pinned worker gets
+retries but no fallback (the client named it). A stream falls back only before its first byte;
+after that, a failure ends the stream with an error event.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+from decimal import Decimal
+
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+
+from gateway.body import read_model
+from gateway.errors import APIError, error_response
+from gateway.schemas import ChatCompletionRequest
+from gateway.state import AppState
+from gateway.upstream import Completion, OpenStream, WorkerError
+from policies import Admission
+from router import RouteDecision, RouteRequest
+
+log = logging.getLogger("polyroute.gateway")
+
+AUTO = "auto"
+
+
+def format_cost(cost: Decimal) -> str:
+    return f"{cost.quantize(Decimal('0.000000001')):f}"
+
+
+def decide(state: AppState, chat: ChatCompletionRequest, admission: Admission) -> RouteDecision:
+    """The ordered workers to try, all from the pool, or the OpenAI error that explains why none."""
+    if chat.model != AUTO:
+        worker = state.catalog.get(chat.model)
+        if worker is None:
+            raise APIError(
+                404,
+                f"The model '{chat.model}' does not exist. Use 'auto' or one of: "
+                + ", ".join(state.catalog.names),
+                code="model_not_found",
+                param="model",
+            )
+        if not admission.admits(worker.name):
+            exclusion = admission.exclusion_for(worker.name)
+            reason = exclusion.reason if exclusion else "not admissible"
+            status, code = (
+                (503, "worker_unavailable")
+                if exclusion and exclusion.rule == "unavailable"
+                else (
+                    403,
+                    "policy_denied",
+                )
+            )
+            raise APIError(status, f"Worker '{worker.name}' cannot serve this request: {reason}", code=code)
+        route = RouteRequest(chat.prompt_chars(), chat.output_budget(), bool(chat.tools))
+        cost = state.router.route(route, (worker,)).predicted_cost_usd
+        return RouteDecision((worker,), "pinned", "pinned by the request", cost)
+    if not admission.pool:
+        reasons = "; ".join(f"{e.worker}: {e.reason}" for e in admission.excluded)
+        raise APIError(
+            503,
+            f"No worker can serve this request. {reasons}",
+            type="server_error",
+            code="no_admissible_worker",
+        )
+    route = RouteRequest(chat.prompt_chars(), chat.output_budget(), bool(chat.tools))
+    return state.router.route(route, admission.pool)
+
+
+def route_headers(request_id: str, decision: RouteDecision, admission: Admission) -> dict[str, str]:
+    return {
+        "x-polyroute-request-id": request_id,
+        "x-polyroute-strategy": decision.strategy,
+        "x-polyroute-route-reason": decision.reason,
+        "x-polyroute-policy-version": admission.policy_version,
+    }
+
+
+def final_error(failures: list[WorkerError]) -> APIError:
+    summary = "; ".join(f"{f.worker}: {f.message}" for f in failures)
+    last = failures[-1]
+    if not last.fallback:  # the request itself was refused upstream: the client must change it
+        return APIError(last.status if 400 <= last.status < 500 else 400, summary, code="upstream_rejected")
+    if all(f.status == 429 for f in failures):
+        return APIError(
+            429,
+            f"All workers are rate limited. {summary}",
+            type="rate_limit_error",
+            code="upstream_rate_limited",
+            headers={"retry-after": "1"},
+        )
+    if all(f.status == 504 for f in failures):
+        return APIError(
+            504, f"All workers timed out. {summary}", type="server_error", code="upstream_timeout"
+        )
+    return APIError(
+        502, f"All admissible workers failed. {summary}", type="server_error", code="upstream_failed"
+    )
+
+
+async def chat_completions(request: Request) -> Response:
+    state: AppState = request.app.state.polyroute
+    started = time.perf_counter()
+    request_id = "req_" + uuid.uuid4().hex
+    headers = {"x-polyroute-request-id": request_id}
+    try:
+        key = state.auth.client(request)
+        chat = await read_model(request, ChatCompletionRequest, state.settings.max_body_bytes)
+        admission = state.admission()
+        decision = decide(state, chat, admission)
+    except APIError as err:
+        err.headers = {**headers, **err.headers}
+        state.metrics.errors.labels(err.code or err.type).inc()
+        state.metrics.requests.labels("-", "-", str(err.status)).inc()
+        return error_response(err)
+    headers = route_headers(request_id, decision, admission)
+    log.debug("request %s tenant=%s -> %s", request_id, key.tenant, [w.name for w in decision.workers])
+    if chat.stream:
+        return await _stream(state, chat, decision, headers, started)
+    return await _complete(state, chat, decision, headers, started)
+
+
+async def _complete(state, chat, decision, headers, started) -> Response:
+    failures: list[WorkerError] = []
+    for worker in decision.workers:
+        try:
+            result: Completion = await state.client.complete(worker, state.api_base(worker), chat)
+        except WorkerError as err:
+            failures.append(err)
+            if not err.fallback:
+                break
+            continue
+        headers |= {
+            "x-polyroute-worker": worker.name,
+            "x-polyroute-cost-usd": format_cost(result.cost_usd),
+        }
+        if failures:
+            headers["x-polyroute-fallbacks"] = ",".join(f.worker for f in failures)
+        state.metrics.requests.labels(worker.name, decision.strategy, "200").inc()
+        state.metrics.latency.labels("false").observe(time.perf_counter() - started)
+        return Response(orjson.dumps(result.body), media_type="application/json", headers=headers)
+    return _failed(state, failures, decision, headers)
+
+
+def _failed(state: AppState, failures: list[WorkerError], decision: RouteDecision, headers) -> Response:
+    err = final_error(failures)
+    err.headers = {**headers, **err.headers, "x-polyroute-cost-usd": "0"}
+    err.headers["x-polyroute-worker"] = failures[-1].worker if failures else "-"
+    state.metrics.errors.labels(err.code or err.type).inc()
+    state.metrics.requests.labels(
+        failures[-1].worker if failures else "-", decision.strategy, str(err.status)
+    ).inc()
+    return error_response(err)
+
+
+async def _stream(state, chat, decision, headers, started) -> Response:
+    failures: list[WorkerError] = []
+    for worker in decision.workers:
+        try:
+            stream: OpenStream = await state.client.open_stream(worker, state.api_base(worker), chat)
+        except WorkerError as err:
+            failures.append(err)
+            if not err.fallback:
+                break
+            continue
+        headers |= {
+            "x-polyroute-worker": worker.name,
+            # Headers leave before the answer: this is the prompt-side cost; the final usage chunk
+            # carries the actual total under "polyroute".
+            "x-polyroute-cost-usd": format_cost(stream.prompt_cost_usd),
+            "x-polyroute-cost-basis": "prompt-estimate",
+            "cache-control": "no-cache",
+            "x-accel-buffering": "no",
+        }
+        if failures:
+            headers["x-polyroute-fallbacks"] = ",".join(f.worker for f in failures)
+        body = _sse(state, stream, decision, started, include_usage=_wants_usage(chat))
+        return StreamingResponse(body, media_type="text/event-stream", headers=headers)
+    return _failed(state, failures, decision, headers)
+
+
+def _wants_usage(chat: ChatCompletionRequest) -> bool:
+    return bool(chat.stream_options and chat.stream_options.include_usage)
+
+
+async def _sse(
+    state: AppState, stream: OpenStream, decision: RouteDecision, started: float, include_usage: bool
+) -> AsyncIterator[bytes]:
+    worker = stream.worker.name
+    status = "200"
+    try:
+        async for chunk in stream:
+            if chunk.get("usage") and not chunk.get("choices"):
+                if not include_usage:
+                    continue
+                chunk["polyroute"] = {"worker": worker, "cost_usd": format_cost(stream.cost_usd)}
+            yield b"data: " + orjson.dumps(chunk) + b"\n\n"
+    except WorkerError as err:
+        status = "mid_stream_error"
+        state.metrics.errors.labels("mid_stream_error").inc()
+        log.warning("stream from %s failed mid-way: %s", worker, err.message)
+        error = {
+            "message": f"worker {worker} failed mid-stream: {err.message}",
+            "type": "server_error",
+            "param": None,
+            "code": "upstream_stream_error",
+        }
+        yield b"data: " + orjson.dumps({"error": error}) + b"\n\n"
+    finally:
+        state.metrics.requests.labels(worker, decision.strategy, status).inc()
+        state.metrics.latency.labels("true").observe(time.perf_counter() - started)
+    yield b"data: [DONE]\n\n"

@@ -1,0 +1,51 @@
+"""Prometheus metrics. One registry per app instance, so tests and replicas never share counters."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter(
+            "polyroute_requests_total",
+            "Chat requests by outcome",
+            ["worker", "strategy", "status"],
+            registry=self.registry,
+        )
+        self.latency = Histogram(
+            "polyroute_request_latency_seconds",
+            "Chat request latency, to the last byte",
+            ["stream"],
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.tokens = Counter(
+            "polyroute_tokens_total", "Tokens by worker and kind", ["worker", "kind"], registry=self.registry
+        )
+        self.cost = Counter(
+            "polyroute_cost_usd_total", "Cost in USD by worker", ["worker"], registry=self.registry
+        )
+        self.errors = Counter("polyroute_errors_total", "Errors by type", ["type"], registry=self.registry)
+        self.worker_attempts = Counter(
+            "polyroute_worker_attempts_total",
+            "Calls to workers (retries included) by outcome",
+            ["worker", "outcome"],
+            registry=self.registry,
+        )
+        self.worker_up = Gauge(
+            "polyroute_worker_up", "1 when a worker is admissible-ready", ["worker"], registry=self.registry
+        )
+
+    def record_usage(self, worker: str, prompt_tokens: int, completion_tokens: int, cost: Decimal) -> None:
+        self.tokens.labels(worker, "prompt").inc(prompt_tokens)
+        self.tokens.labels(worker, "completion").inc(completion_tokens)
+        self.cost.labels(worker).inc(float(cost))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

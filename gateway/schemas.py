@@ -1,0 +1,141 @@
+"""The OpenAI chat-completions request, validated strictly at the edge.
+
+Nothing reaches a worker unless it parses here. Unknown top-level fields are refused (as OpenAI
+does) rather than silently dropped, so a client's typo is an error, not a surprise.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+# OpenAI parameters forwarded to workers unchanged (litellm maps them per provider).
+FORWARDED_PARAMS = (
+    "temperature",
+    "top_p",
+    "n",
+    "stop",
+    "max_tokens",
+    "max_completion_tokens",
+    "presence_penalty",
+    "frequency_penalty",
+    "logit_bias",
+    "logprobs",
+    "top_logprobs",
+    "seed",
+    "user",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+    "response_format",
+)
+
+
+class ContentPart(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    type: str
+
+
+class ToolCallFunction(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    name: str
+    arguments: str
+
+
+class ToolCall(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    id: str
+    type: Literal["function"] = "function"
+    function: ToolCallFunction
+
+
+class Message(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+
+    @model_validator(mode="after")
+    def _content_present(self) -> Message:
+        if self.role == "assistant" and self.tool_calls:
+            return self
+        if self.content is None:
+            raise ValueError(f"a {self.role} message needs content")
+        if isinstance(self.content, str) and not self.content.strip() and self.role != "assistant":
+            raise ValueError(f"a {self.role} message has empty content")
+        if isinstance(self.content, list) and not self.content:
+            raise ValueError(f"a {self.role} message has an empty content list")
+        return self
+
+    def text_length(self) -> int:
+        if isinstance(self.content, str):
+            return len(self.content)
+        if isinstance(self.content, list):
+            return sum(len(str(getattr(p, "text", "") or "")) for p in self.content)
+        return 0
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    include_usage: bool = False
+
+
+class ChatCompletionRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = Field(min_length=1, max_length=128)
+    messages: list[Message] = Field(min_length=1, max_length=4096)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    metadata: dict[str, Any] | None = None
+
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, ge=0, le=1)
+    n: int | None = Field(None, ge=1, le=1, description="one choice per request for now")
+    stop: str | list[str] | None = None
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    logit_bias: dict[str, float] | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    seed: int | None = None
+    user: str | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    response_format: dict[str, Any] | None = None
+
+    @field_validator("tools")
+    @classmethod
+    def _tools_shape(cls, tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+        for i, tool in enumerate(tools or []):
+            if tool.get("type") != "function" or not isinstance(tool.get("function"), dict):
+                raise ValueError(f"tools[{i}] must be {{'type': 'function', 'function': {{...}}}}")
+            if not tool["function"].get("name"):
+                raise ValueError(f"tools[{i}].function.name is required")
+        return tools
+
+    def forwarded_params(self) -> dict[str, Any]:
+        params = {k: getattr(self, k) for k in FORWARDED_PARAMS if getattr(self, k) is not None}
+        if self.stream and self.stream_options is not None:
+            params["stream_options"] = self.stream_options.model_dump()
+        return params
+
+    def messages_payload(self) -> list[dict[str, Any]]:
+        return [m.model_dump(exclude_none=True) for m in self.messages]
+
+    def prompt_chars(self) -> int:
+        return sum(m.text_length() for m in self.messages)
+
+    def output_budget(self) -> int | None:
+        return self.max_completion_tokens or self.max_tokens

@@ -1,0 +1,35 @@
+"""Gateway configuration: every knob has an embedded default and a POLYROUTE_* env var."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+ENV_PREFIX = "POLYROUTE_"
+
+
+class Settings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    host: str = "127.0.0.1"
+    port: int = Field(8400, ge=0, le=65535)
+    data_dir: Path = Path(".polyroute")
+    workers_file: Path | None = Field(None, description="None: the embedded default catalog")
+    admin_key: str | None = Field(None, description="None: generated on first start, see data_dir")
+    max_body_bytes: int = Field(4 * 1024 * 1024, gt=0)
+    local_workers: bool = Field(True, description="start managed local (llama.cpp) workers")
+    retries: int = Field(2, ge=0, le=10, description="retries per worker on 429/5xx/timeouts")
+    retry_backoff_s: float = Field(0.25, ge=0)
+    key_reload_interval_s: float = Field(1.0, ge=0)
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | os._Environ[str] = os.environ, **overrides) -> Settings:
+        values: dict[str, object] = {}
+        for name in cls.model_fields:
+            raw = env.get(ENV_PREFIX + name.upper())
+            if raw is not None and raw != "":
+                values[name] = raw
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls.model_validate(values)

@@ -1,0 +1,58 @@
+"""Which workers a request may reach, and why each other worker may not.
+
+The gateway calls `admit` once per request; fallback and retries draw only from the pool it
+returns (DESIGN.md: a policy decision is never undone downstream). This first version excludes
+only what cannot be called at all: a worker without its key, a local worker that is not running.
+The operator's policy rules (sovereignty, cost, parameters, licenses) add exclusions here.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from policies.catalog import Catalog, Worker
+
+EMBEDDED_POLICY_VERSION = "embedded-0"
+
+
+@dataclass(frozen=True, slots=True)
+class Exclusion:
+    worker: str
+    rule: str  # machine-readable: "unavailable", later the policy rule's id
+    reason: str  # for people: shown in errors and in explain output
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    pool: tuple[Worker, ...]
+    excluded: tuple[Exclusion, ...]
+    policy_version: str = EMBEDDED_POLICY_VERSION
+
+    def exclusion_for(self, name: str) -> Exclusion | None:
+        return next((e for e in self.excluded if e.worker == name), None)
+
+    def admits(self, name: str) -> bool:
+        return any(w.name == name for w in self.pool)
+
+
+def admit(
+    catalog: Catalog,
+    down: Mapping[str, str] | None = None,
+    env: Mapping[str, str] = os.environ,
+) -> Admission:
+    """Split the catalog into the admissible pool and the excluded workers with their reasons.
+
+    `down` maps worker names to why they cannot serve right now (a local server still starting).
+    """
+    down = down or {}
+    pool: list[Worker] = []
+    excluded: list[Exclusion] = []
+    for worker in catalog.workers:
+        reason = worker.availability(env) or down.get(worker.name)
+        if reason:
+            excluded.append(Exclusion(worker.name, "unavailable", reason))
+        else:
+            pool.append(worker)
+    return Admission(tuple(pool), tuple(excluded))

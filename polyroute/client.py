@@ -1,0 +1,251 @@
+"""The polyroute Python SDK: a thin httpx client over the gateway's HTTP API.
+
+It adds what the `openai` package does not show: which worker answered, by which strategy, at
+what cost (`Route`), plus the admin calls. It imports nothing from the server packages.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+import httpx
+
+DEFAULT_BASE_URL = "http://127.0.0.1:8400"
+
+
+class PolyrouteError(Exception):
+    """An error answer from the gateway, in the OpenAI error format."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        type: str | None = None,
+        code: str | None = None,
+        request_id: str | None = None,
+    ) -> None:
+        super().__init__(f"{status} {code or type or ''}: {message}".strip())
+        self.status = status
+        self.message = message
+        self.type = type
+        self.code = code
+        self.request_id = request_id
+
+
+@dataclass(frozen=True)
+class Route:
+    """What the gateway decided, read from the x-polyroute-* headers."""
+
+    worker: str | None
+    strategy: str | None
+    cost_usd: Decimal | None
+    request_id: str | None
+    reason: str | None
+    policy_version: str | None
+    fallbacks: tuple[str, ...] = ()
+    cost_is_estimate: bool = False
+
+    @classmethod
+    def from_headers(cls, headers: httpx.Headers) -> Route:
+        cost = headers.get("x-polyroute-cost-usd")
+        fallbacks = headers.get("x-polyroute-fallbacks")
+        return cls(
+            worker=headers.get("x-polyroute-worker"),
+            strategy=headers.get("x-polyroute-strategy"),
+            cost_usd=Decimal(cost) if cost else None,
+            request_id=headers.get("x-polyroute-request-id"),
+            reason=headers.get("x-polyroute-route-reason"),
+            policy_version=headers.get("x-polyroute-policy-version"),
+            fallbacks=tuple(fallbacks.split(",")) if fallbacks else (),
+            cost_is_estimate=headers.get("x-polyroute-cost-basis") == "prompt-estimate",
+        )
+
+
+@dataclass(frozen=True)
+class ChatResult:
+    response: dict[str, Any]
+    route: Route
+
+    @property
+    def text(self) -> str:
+        return self.response["choices"][0]["message"].get("content") or ""
+
+
+def _raise_for(response: httpx.Response) -> None:
+    if response.status_code < 400:
+        return
+    try:
+        error = response.json().get("error", {})
+    except ValueError:
+        error = {"message": response.text}
+    raise PolyrouteError(
+        response.status_code,
+        error.get("message", ""),
+        error.get("type"),
+        error.get("code"),
+        response.headers.get("x-polyroute-request-id"),
+    )
+
+
+def _chat_body(messages: list[dict[str, Any]], model: str, stream: bool, params: dict[str, Any]) -> dict:
+    body = {"model": model, "messages": messages, **params}
+    if stream:
+        body["stream"] = True
+        body.setdefault("stream_options", {"include_usage": True})
+    return body
+
+
+def _events(lines: Iterator[str]) -> Iterator[dict[str, Any]]:
+    for line in lines:
+        if not line.startswith("data:"):
+            continue
+        data = line[5:].strip()
+        if data == "[DONE]":
+            return
+        event = json.loads(data)
+        if "error" in event:
+            err = event["error"]
+            raise PolyrouteError(502, err.get("message", ""), err.get("type"), err.get("code"))
+        yield event
+
+
+class ChatStream:
+    """Iterate chunks; `route` is known at once, `usage`/`cost_usd` once the stream has ended."""
+
+    def __init__(self, response: httpx.Response) -> None:
+        self._response = response
+        self.route = Route.from_headers(response.headers)
+        self.usage: dict[str, Any] | None = None
+        self.cost_usd: Decimal | None = None
+
+    def _observe(self, chunk: dict[str, Any]) -> None:
+        if chunk.get("usage"):
+            self.usage = chunk["usage"]
+        if chunk.get("polyroute", {}).get("cost_usd") is not None:
+            self.cost_usd = Decimal(chunk["polyroute"]["cost_usd"])
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        try:
+            for chunk in _events(self._response.iter_lines()):
+                self._observe(chunk)
+                yield chunk
+        finally:
+            self._response.close()
+
+    def text(self) -> str:
+        return "".join((c["choices"][0]["delta"].get("content") or "") for c in self if c.get("choices"))
+
+
+class Client:
+    """Synchronous client. `Client(base_url, api_key)`; the key defaults to $POLYROUTE_API_KEY."""
+
+    def __init__(
+        self,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        timeout: float = 120.0,
+        admin_key: str | None = None,
+    ) -> None:
+        self.base_url = (base_url or os.environ.get("POLYROUTE_BASE_URL") or DEFAULT_BASE_URL).rstrip("/")
+        self.api_key = api_key or os.environ.get("POLYROUTE_API_KEY")
+        self.admin_key = admin_key or os.environ.get("POLYROUTE_ADMIN_KEY")
+        self._http = httpx.Client(base_url=self.base_url, timeout=timeout)
+
+    def _headers(self, admin: bool = False) -> dict[str, str]:
+        key = self.admin_key if admin else self.api_key
+        if not key:
+            raise PolyrouteError(401, f"no {'admin' if admin else 'API'} key given to the client")
+        return {"authorization": f"Bearer {key}"}
+
+    def chat(
+        self, messages: list[dict[str, Any]], model: str = "auto", stream: bool = False, **params: Any
+    ) -> ChatResult | ChatStream:
+        body = _chat_body(messages, model, stream, params)
+        if not stream:
+            response = self._http.post("/v1/chat/completions", json=body, headers=self._headers())
+            _raise_for(response)
+            return ChatResult(response.json(), Route.from_headers(response.headers))
+        request = self._http.build_request("POST", "/v1/chat/completions", json=body, headers=self._headers())
+        response = self._http.send(request, stream=True)
+        if response.status_code >= 400:
+            response.read()
+            _raise_for(response)
+        return ChatStream(response)
+
+    def models(self) -> list[dict[str, Any]]:
+        response = self._http.get("/v1/models", headers=self._headers())
+        _raise_for(response)
+        return response.json()["data"]
+
+    def create_key(self, tenant: str, name: str = "") -> dict[str, Any]:
+        response = self._http.post(
+            "/admin/keys", json={"tenant": tenant, "name": name}, headers=self._headers(admin=True)
+        )
+        _raise_for(response)
+        return response.json()
+
+    def revoke_key(self, key_id: str) -> dict[str, Any]:
+        response = self._http.delete(f"/admin/keys/{key_id}", headers=self._headers(admin=True))
+        _raise_for(response)
+        return response.json()
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class AsyncClient:
+    """The same API for asyncio; streaming yields chunks from `chat_stream()`."""
+
+    def __init__(
+        self, base_url: str | None = None, api_key: str | None = None, timeout: float = 120.0
+    ) -> None:
+        self.base_url = (base_url or os.environ.get("POLYROUTE_BASE_URL") or DEFAULT_BASE_URL).rstrip("/")
+        self.api_key = api_key or os.environ.get("POLYROUTE_API_KEY")
+        self._http = httpx.AsyncClient(base_url=self.base_url, timeout=timeout)
+
+    def _headers(self) -> dict[str, str]:
+        if not self.api_key:
+            raise PolyrouteError(401, "no API key given to the client")
+        return {"authorization": f"Bearer {self.api_key}"}
+
+    async def chat(self, messages: list[dict[str, Any]], model: str = "auto", **params: Any) -> ChatResult:
+        response = await self._http.post(
+            "/v1/chat/completions", json=_chat_body(messages, model, False, params), headers=self._headers()
+        )
+        _raise_for(response)
+        return ChatResult(response.json(), Route.from_headers(response.headers))
+
+    async def chat_stream(
+        self, messages: list[dict[str, Any]], model: str = "auto", **params: Any
+    ) -> AsyncIterator[tuple[dict[str, Any], Route]]:
+        body = _chat_body(messages, model, True, params)
+        async with self._http.stream(
+            "POST", "/v1/chat/completions", json=body, headers=self._headers()
+        ) as resp:
+            if resp.status_code >= 400:
+                await resp.aread()
+                _raise_for(resp)
+            route = Route.from_headers(resp.headers)
+            async for line in resp.aiter_lines():
+                for chunk in _events(iter((line,))):
+                    yield chunk, route
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()

@@ -1,0 +1,134 @@
+"""Shared fixtures: the test upstream, a gateway in front of it, keys. All on loopback."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+from gateway import Settings, create_app  # noqa: E402
+from gateway.state import AppState  # noqa: E402
+from policies import Catalog, parse_catalog  # noqa: E402
+from tests.fakes.server import RunningServer, serve_in_thread  # noqa: E402
+from tests.fakes.upstream import FakeUpstream  # noqa: E402
+
+FAKE_KEY_ENV = "POLYROUTE_TEST_UPSTREAM_KEY"
+ADMIN_KEY = "pr-test-admin-key"
+
+
+def catalog_yaml_for(upstream_url: str) -> str:
+    """Five workers on the test upstream, priced apart so the cheapest rule orders them."""
+    common = f"api_base: {upstream_url}/v1\n    api_key_env: {FAKE_KEY_ENV}\n    context_window: 8192"
+    return f"""
+version: 1
+workers:
+  - name: cheap
+    model: openai/cheap-model
+    {common}
+    input_price_per_m: 0.10
+    output_price_per_m: 0.20
+    tier: specialist
+    license: Apache-2.0
+    provider: fake
+    jurisdiction: FR
+    capabilities: [general, tools]
+  - name: mid
+    model: openai/mid-model
+    {common}
+    input_price_per_m: 1.00
+    output_price_per_m: 2.00
+    tier: open-moe
+    license: MIT
+    provider: fake
+    jurisdiction: CN
+    capabilities: [general, tools]
+  - name: pricey
+    model: openai/pricey-model
+    {common}
+    input_price_per_m: 5.00
+    output_price_per_m: 15.00
+    tier: frontier
+    license: proprietary
+    provider: fake
+    jurisdiction: US
+    capabilities: [general, tools]
+  - name: nokey
+    model: openai/nokey-model
+    api_base: {upstream_url}/v1
+    api_key_env: POLYROUTE_TEST_UNSET_KEY
+    context_window: 8192
+    input_price_per_m: 0.01
+    output_price_per_m: 0.01
+    tier: frontier
+    license: proprietary
+    provider: fake
+    jurisdiction: US
+"""
+
+
+@pytest.fixture(scope="session")
+def upstream() -> Iterator[FakeUpstream]:
+    fake = FakeUpstream()
+    running = serve_in_thread(fake.app)
+    fake.url = running.url  # type: ignore[attr-defined]
+    yield fake
+    running.stop()
+
+
+@pytest.fixture(autouse=True)
+def _reset_upstream(request: pytest.FixtureRequest) -> None:
+    if "upstream" in request.fixturenames:
+        request.getfixturevalue("upstream").reset()
+
+
+@dataclass
+class Gateway:
+    url: str
+    api_key: str
+    admin_key: str
+    state: AppState
+    server: RunningServer
+    data_dir: Path
+
+    @property
+    def v1(self) -> str:
+        return self.url + "/v1"
+
+    def auth(self, key: str | None = None) -> dict[str, str]:
+        return {"authorization": f"Bearer {key or self.api_key}"}
+
+
+def start_gateway(catalog: Catalog, data_dir: Path, **settings) -> Gateway:
+    os.environ[FAKE_KEY_ENV] = "sk-test-upstream"
+    config = Settings(
+        data_dir=data_dir,
+        admin_key=ADMIN_KEY,
+        local_workers=False,
+        retry_backoff_s=0.01,
+        key_reload_interval_s=0,
+        **settings,
+    )
+    app = create_app(config, catalog)
+    state: AppState = app.state.polyroute
+    _, key = state.auth.store.create("acme", "test key")
+    running = serve_in_thread(app)
+    return Gateway(running.url, key, ADMIN_KEY, state, running, data_dir)
+
+
+@pytest.fixture(scope="session")
+def gateway(upstream: FakeUpstream, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+    catalog = parse_catalog(catalog_yaml_for(upstream.url), "test catalog")
+    gw = start_gateway(catalog, tmp_path_factory.mktemp("gateway"), max_body_bytes=64 * 1024)
+    yield gw
+    gw.server.stop()
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"

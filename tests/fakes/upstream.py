@@ -1,0 +1,241 @@
+"""The test upstream: a real HTTP server on loopback that speaks the OpenAI chat wire format.
+
+It is the only stand-in the project allows (no real provider is reachable from CI). Behaviour is
+set per upstream model name — latency, error status (always or the first N calls), streaming
+chunk delay, a mid-stream drop, reported token counts, a tool call — in-process through
+`FakeUpstream.behave()` or over HTTP (`POST /_control/behaviour`) when it runs as its own process:
+
+    python -m tests.fakes.upstream --port 9100 --latency-ms 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+import uuid
+from collections import deque
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+import orjson
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+DEFAULT_TEXT = "Hello from the test upstream."
+ECHO = "__echo__"
+
+
+@dataclass
+class Behaviour:
+    latency_s: float = 0.0  # before the response, or before the first streamed chunk
+    status: int | None = None  # answer with this error status instead of a completion
+    fail_times: int | None = None  # with status: fail only the first N calls (None: every call)
+    retry_after_s: float | None = None  # sent as retry-after with a 429
+    text: str = DEFAULT_TEXT  # the completion; ECHO repeats the last user message
+    chunk_delay_s: float = 0.0  # between streamed chunks
+    drop_after_chunks: int | None = None  # stream: cut the connection after N content chunks
+    prompt_tokens: int | None = None  # reported usage; None counts words
+    completion_tokens: int | None = None
+    tool_call: dict[str, Any] | None = None  # {"name": ..., "arguments": "..."} when tools are sent
+    calls: int = field(default=0, repr=False)
+
+
+def _words(text: str) -> list[str]:
+    parts = text.split(" ")
+    return [p + (" " if i < len(parts) - 1 else "") for i, p in enumerate(parts)]
+
+
+def _last_user_text(body: dict[str, Any]) -> str:
+    for message in reversed(body.get("messages") or []):
+        if message.get("role") == "user":
+            content = message.get("content")
+            if isinstance(content, str):
+                return content
+            if isinstance(content, list):
+                return " ".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+    return ""
+
+
+def _prompt_word_count(body: dict[str, Any]) -> int:
+    total = 0
+    for message in body.get("messages") or []:
+        content = message.get("content")
+        if isinstance(content, str):
+            total += len(content.split())
+    return max(total, 1)
+
+
+class FakeUpstream:
+    """State and ASGI app of the test upstream."""
+
+    def __init__(self, default: Behaviour | None = None) -> None:
+        self.default = default or Behaviour()
+        self.behaviours: dict[str, Behaviour] = {}
+        self.requests: deque[dict[str, Any]] = deque(maxlen=2000)
+        self.app = Starlette(
+            routes=[
+                Route("/v1/chat/completions", self._chat, methods=["POST"]),
+                Route("/chat/completions", self._chat, methods=["POST"]),
+                Route("/v1/models", self._models, methods=["GET"]),
+                Route("/_control/behaviour", self._control_behaviour, methods=["POST"]),
+                Route("/_control/reset", self._control_reset, methods=["POST"]),
+                Route("/_control/requests", self._control_requests, methods=["GET"]),
+            ]
+        )
+
+    # ---- configuration -------------------------------------------------------------------
+    def behave(self, model: str, **settings: Any) -> Behaviour:
+        behaviour = Behaviour(**settings)
+        self.behaviours[model] = behaviour
+        return behaviour
+
+    def reset(self) -> None:
+        self.behaviours.clear()
+        self.requests.clear()
+
+    def requests_for(self, model: str) -> list[dict[str, Any]]:
+        return [r for r in self.requests if r.get("model") == model]
+
+    def _behaviour(self, model: str) -> Behaviour:
+        return self.behaviours.get(model, self.default)
+
+    # ---- the OpenAI endpoints -------------------------------------------------------------
+    async def _models(self, request: Request) -> Response:
+        data = [{"id": m, "object": "model", "owned_by": "fake"} for m in self.behaviours]
+        return JSONResponse({"object": "list", "data": data})
+
+    async def _chat(self, request: Request) -> Response:
+        try:
+            body = orjson.loads(await request.body())
+        except orjson.JSONDecodeError:
+            return JSONResponse({"error": {"message": "bad json", "type": "invalid_request_error"}}, 400)
+        self.requests.append(body)
+        model = str(body.get("model", ""))
+        behaviour = self._behaviour(model)
+        behaviour.calls += 1
+        if behaviour.latency_s:
+            await asyncio.sleep(behaviour.latency_s)
+        if behaviour.status and (behaviour.fail_times is None or behaviour.calls <= behaviour.fail_times):
+            headers = {}
+            if behaviour.retry_after_s is not None:
+                headers["retry-after"] = str(behaviour.retry_after_s)
+            error = {"message": f"fake upstream error {behaviour.status}", "type": "server_error"}
+            return JSONResponse({"error": error}, behaviour.status, headers=headers)
+
+        text = _last_user_text(body) if behaviour.text == ECHO else behaviour.text
+        prompt_tokens = behaviour.prompt_tokens or _prompt_word_count(body)
+        completion_tokens = behaviour.completion_tokens or len(text.split()) or 1
+        usage = {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+        }
+        tool_call = None
+        if behaviour.tool_call and body.get("tools"):
+            tool_call = {
+                "id": "call_" + uuid.uuid4().hex[:12],
+                "type": "function",
+                "function": {
+                    "name": behaviour.tool_call["name"],
+                    "arguments": behaviour.tool_call.get("arguments", "{}"),
+                },
+            }
+        completion_id = "chatcmpl-" + uuid.uuid4().hex[:20]
+        created = int(time.time())
+        if body.get("stream"):
+            return StreamingResponse(
+                self._stream(body, behaviour, completion_id, created, text, usage, tool_call),
+                media_type="text/event-stream",
+            )
+        message: dict[str, Any] = {"role": "assistant", "content": None if tool_call else text}
+        if tool_call:
+            message["tool_calls"] = [tool_call]
+        return JSONResponse(
+            {
+                "id": completion_id,
+                "object": "chat.completion",
+                "created": created,
+                "model": model,
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": message,
+                        "finish_reason": "tool_calls" if tool_call else "stop",
+                    }
+                ],
+                "usage": usage,
+            }
+        )
+
+    async def _stream(self, body, behaviour, completion_id, created, text, usage, tool_call):
+        model = body.get("model")
+
+        def chunk(delta: dict[str, Any], finish: str | None = None, **extra: Any) -> bytes:
+            payload = {
+                "id": completion_id,
+                "object": "chat.completion.chunk",
+                "created": created,
+                "model": model,
+                "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+                **extra,
+            }
+            return b"data: " + orjson.dumps(payload) + b"\n\n"
+
+        yield chunk({"role": "assistant", "content": ""})
+        if tool_call:
+            yield chunk({"tool_calls": [{"index": 0, **tool_call}]})
+        else:
+            for i, word in enumerate(_words(text)):
+                if behaviour.drop_after_chunks is not None and i >= behaviour.drop_after_chunks:
+                    raise ConnectionResetError("fake upstream dropped the stream")
+                if behaviour.chunk_delay_s:
+                    await asyncio.sleep(behaviour.chunk_delay_s)
+                yield chunk({"content": word})
+        yield chunk({}, "tool_calls" if tool_call else "stop")
+        if (body.get("stream_options") or {}).get("include_usage"):
+            payload = {
+                "id": completion_id,
+                "object": "chat.completion.chunk",
+                "created": created,
+                "model": model,
+                "choices": [],
+                "usage": usage,
+            }
+            yield b"data: " + orjson.dumps(payload) + b"\n\n"
+        yield b"data: [DONE]\n\n"
+
+    # ---- control over HTTP (when the upstream runs as its own process) -------------------
+    async def _control_behaviour(self, request: Request) -> Response:
+        body = orjson.loads(await request.body())
+        model = body.pop("model")
+        allowed = {f.name for f in fields(Behaviour)} - {"calls"}
+        unknown = set(body) - allowed
+        if unknown:
+            return JSONResponse({"error": f"unknown settings: {sorted(unknown)}"}, 400)
+        return JSONResponse(asdict(self.behave(model, **body)))
+
+    async def _control_reset(self, request: Request) -> Response:
+        self.reset()
+        return JSONResponse({"ok": True})
+
+    async def _control_requests(self, request: Request) -> Response:
+        return JSONResponse(list(self.requests))
+
+
+def main() -> None:
+    import uvicorn
+
+    parser = argparse.ArgumentParser(description="OpenAI-compatible test upstream")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=9100)
+    parser.add_argument("--latency-ms", type=float, default=0.0)
+    args = parser.parse_args()
+    upstream = FakeUpstream(Behaviour(latency_s=args.latency_ms / 1000))
+    uvicorn.run(upstream.app, host=args.host, port=args.port, log_level="warning", access_log=False)
+
+
+if __name__ == "__main__":
+    main()
