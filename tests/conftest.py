@@ -106,14 +106,8 @@ class Gateway:
 
 def start_gateway(catalog: Catalog, data_dir: Path, **settings) -> Gateway:
     os.environ[FAKE_KEY_ENV] = "sk-test-upstream"
-    config = Settings(
-        data_dir=data_dir,
-        admin_key=ADMIN_KEY,
-        local_workers=False,
-        retry_backoff_s=0.01,
-        key_reload_interval_s=0,
-        **settings,
-    )
+    defaults = dict(admin_key=ADMIN_KEY, local_workers=False, retry_backoff_s=0.01, key_reload_interval_s=0)
+    config = Settings(data_dir=data_dir, **{**defaults, **settings})
     app = create_app(config, catalog)
     state: AppState = app.state.polyroute
     _, key = state.auth.store.create("acme", "test key")

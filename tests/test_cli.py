@@ -1,0 +1,55 @@
+"""The `polyroute` command, run as a real subprocess (as a user would)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from gateway.keys import FileKeyStore
+
+
+def polyroute(*args: str, data_dir) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "polyroute.cli", *args, "--data-dir", str(data_dir)],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+
+
+def test_keys_create_list_revoke(tmp_path):
+    created = polyroute("keys", "create", "--tenant", "acme", "--name", "laptop", "-q", data_dir=tmp_path)
+    assert created.returncode == 0, created.stderr
+    key = created.stdout.strip()
+    assert key.startswith("pr-") and len(key) > 40
+    store = FileKeyStore(tmp_path / "keys.json")
+    record = store.verify(key)
+    assert record is not None and record.tenant == "acme" and record.name == "laptop"
+
+    listed = polyroute("keys", "list", "--json", data_dir=tmp_path)
+    rows = [json.loads(line) for line in listed.stdout.splitlines()]
+    assert [r["id"] for r in rows] == [record.id] and rows[0]["revoked_at"] is None
+    assert key not in listed.stdout and record.key_hash not in listed.stdout
+
+    revoked = polyroute("keys", "revoke", record.id, data_dir=tmp_path)
+    assert revoked.returncode == 0 and "revoked" in revoked.stderr
+    assert FileKeyStore(tmp_path / "keys.json").verify(key) is None
+
+
+def test_revoking_an_unknown_key_fails_clearly(tmp_path):
+    result = polyroute("keys", "revoke", "key_missing", data_dir=tmp_path)
+    assert result.returncode == 1 and "no key with id key_missing" in result.stderr
+
+
+def test_workers_command_shows_availability(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "polyroute.cli", "workers"], capture_output=True, text=True,
+                            timeout=60, env={"PATH": "/usr/bin:/bin", "COLUMNS": "200"})  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "gemma-3-270m-local" in result.stdout and "OPENAI_API_KEY" in result.stdout
+
+
+def test_serve_refuses_an_invalid_catalog(tmp_path):
+    bad = tmp_path / "workers.yaml"
+    bad.write_text("workers: [")
+    result = subprocess.run([sys.executable, "-m", "polyroute.cli", "serve", "--workers-file", str(bad),
+                             "--data-dir", str(tmp_path)], capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert result.returncode == 2 and "invalid YAML" in result.stderr

@@ -1,0 +1,102 @@
+"""The real local worker: llama.cpp (llama-cpp-python) serving the packaged Gemma 3 270M GGUF.
+
+Slow (assembles a 250 MB model and loads it), so marked `slow`; `make test` still runs it.
+"""
+
+from __future__ import annotations
+
+import time
+from decimal import Decimal
+
+import httpx
+import openai
+import pytest
+
+from policies import load_catalog, parse_catalog
+from tests.conftest import start_gateway
+
+pytestmark = pytest.mark.slow
+
+
+def wait_ready(gateway, timeout: float = 180.0) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        body = httpx.get(gateway.url + "/readyz").json()
+        local = body["workers"]["gemma-3-270m-local"]
+        if local["ready"] or local["local"]["state"] == "failed":
+            return body
+        time.sleep(0.25)
+    raise AssertionError("local worker never became ready")
+
+
+@pytest.fixture(scope="module")
+def local_gateway(tmp_path_factory):
+    default = load_catalog()
+    catalog = default.model_copy(update={"workers": (default.get("gemma-3-270m-local"),)})
+    gw = start_gateway(catalog, tmp_path_factory.mktemp("local"), local_workers=True)
+    yield gw
+    gw.server.stop()
+    proc = gw.state.local["gemma-3-270m-local"]
+    assert proc.state == "stopped" and proc._proc is None  # stopped with the gateway
+
+
+def test_request_answered_by_real_llama_cpp(local_gateway):
+    ready = wait_ready(local_gateway)
+    assert ready["ready"] is True, ready
+    client = openai.OpenAI(base_url=local_gateway.v1, api_key=local_gateway.api_key, max_retries=0)
+    raw = client.chat.completions.with_raw_response.create(
+        model="auto", messages=[{"role": "user", "content": "Write one sentence about the sea."}],
+        max_tokens=24, temperature=0, seed=7,
+    )  # fmt: skip
+    completion = raw.parse()
+    assert raw.headers["x-polyroute-worker"] == "gemma-3-270m-local"
+    assert completion.choices[0].message.content.strip(), "the model produced text"
+    assert completion.usage.completion_tokens > 0 and completion.usage.prompt_tokens > 0
+    assert Decimal(raw.headers["x-polyroute-cost-usd"]) == 0  # a local worker costs nothing
+
+
+def test_streaming_from_real_llama_cpp(local_gateway):
+    assert wait_ready(local_gateway)["ready"]
+    client = openai.OpenAI(base_url=local_gateway.v1, api_key=local_gateway.api_key, max_retries=0)
+    chunks = list(client.chat.completions.create(
+        model="gemma-3-270m-local", messages=[{"role": "user", "content": "Name a colour."}],
+        max_tokens=12, temperature=0, stream=True, stream_options={"include_usage": True},
+    ))  # fmt: skip
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text.strip()
+    usage = [c for c in chunks if c.usage]
+    assert usage and usage[-1].usage.completion_tokens > 0  # counted by us if llama.cpp sends none
+
+
+def test_missing_model_file_is_reported_and_never_called(tmp_path):
+    text = f"""
+version: 1
+workers:
+  - name: broken-local
+    model: openai/broken
+    local: {{gguf: {tmp_path}/missing.gguf, startup_timeout_s: 5}}
+    input_price_per_m: 0
+    output_price_per_m: 0
+    tier: local
+    license: gemma
+    provider: local
+    jurisdiction: local
+    context_window: 2048
+"""
+    gw = start_gateway(parse_catalog(text), tmp_path / "data", local_workers=True)
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            body = httpx.get(gw.url + "/readyz").json()
+            if body["workers"]["broken-local"]["local"]["state"] == "failed" or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        assert body["ready"] is False
+        assert "GGUF file not found" in body["workers"]["broken-local"]["reason"]
+        response = httpx.post(gw.v1 + "/chat/completions", headers=gw.auth(),
+                              json={"model": "auto", "messages": [{"role": "user", "content": "hi"}]})  # fmt: skip
+        assert response.status_code == 503
+        assert response.json()["error"]["code"] == "no_admissible_worker"
+        assert "GGUF file not found" in response.json()["error"]["message"]
+    finally:
+        gw.server.stop()
