@@ -84,8 +84,9 @@ def test_revoking_unknown_key_is_404(gateway):
 
 
 def test_admin_create_key_validates_body(gateway):
-    response = httpx.post(gateway.url + "/admin/keys", json={"tenant": "bad tenant!"},
-                          headers=gateway.auth(gateway.admin_key))  # fmt: skip
+    response = httpx.post(
+        gateway.url + "/admin/keys", json={"tenant": "bad tenant!"}, headers=gateway.auth(gateway.admin_key)
+    )
     assert response.status_code == 400 and response.json()["error"]["param"] == "tenant"
 
 

@@ -86,8 +86,11 @@ def test_oversized_chunked_body_without_length_is_413(gateway, upstream):
             yield b"y" * 1024
         yield b'"}]}'
 
-    response = httpx.post(gateway.v1 + "/chat/completions", content=chunks(),
-                          headers={**gateway.auth(), "content-type": "application/json"})  # fmt: skip
+    response = httpx.post(
+        gateway.v1 + "/chat/completions",
+        content=chunks(),
+        headers={**gateway.auth(), "content-type": "application/json"},
+    )
     assert_openai_error(response, 413, "body_too_large")
     assert not upstream.requests
 

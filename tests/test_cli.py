@@ -12,8 +12,10 @@ from gateway.keys import FileKeyStore
 def polyroute(*args: str, data_dir) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "polyroute.cli", *args, "--data-dir", str(data_dir)],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def test_keys_create_list_revoke(tmp_path):
@@ -41,8 +43,13 @@ def test_revoking_an_unknown_key_fails_clearly(tmp_path):
 
 
 def test_workers_command_shows_availability(tmp_path):
-    result = subprocess.run([sys.executable, "-m", "polyroute.cli", "workers"], capture_output=True, text=True,
-                            timeout=60, env={"PATH": "/usr/bin:/bin", "COLUMNS": "200"})  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, "-m", "polyroute.cli", "workers"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PATH": "/usr/bin:/bin", "COLUMNS": "200"},
+    )
     assert result.returncode == 0, result.stderr
     assert "gemma-3-270m-local" in result.stdout and "OPENAI_API_KEY" in result.stdout
 
@@ -50,6 +57,19 @@ def test_workers_command_shows_availability(tmp_path):
 def test_serve_refuses_an_invalid_catalog(tmp_path):
     bad = tmp_path / "workers.yaml"
     bad.write_text("workers: [")
-    result = subprocess.run([sys.executable, "-m", "polyroute.cli", "serve", "--workers-file", str(bad),
-                             "--data-dir", str(tmp_path)], capture_output=True, text=True, timeout=60)  # fmt: skip
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "polyroute.cli",
+            "serve",
+            "--workers-file",
+            str(bad),
+            "--data-dir",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 2 and "invalid YAML" in result.stderr

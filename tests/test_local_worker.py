@@ -45,9 +45,12 @@ def test_request_answered_by_real_llama_cpp(local_gateway):
     assert ready["ready"] is True, ready
     client = openai.OpenAI(base_url=local_gateway.v1, api_key=local_gateway.api_key, max_retries=0)
     raw = client.chat.completions.with_raw_response.create(
-        model="auto", messages=[{"role": "user", "content": "Write one sentence about the sea."}],
-        max_tokens=24, temperature=0, seed=7,
-    )  # fmt: skip
+        model="auto",
+        messages=[{"role": "user", "content": "Write one sentence about the sea."}],
+        max_tokens=24,
+        temperature=0,
+        seed=7,
+    )
     completion = raw.parse()
     assert raw.headers["x-polyroute-worker"] == "gemma-3-270m-local"
     assert completion.choices[0].message.content.strip(), "the model produced text"
@@ -58,10 +61,16 @@ def test_request_answered_by_real_llama_cpp(local_gateway):
 def test_streaming_from_real_llama_cpp(local_gateway):
     assert wait_ready(local_gateway)["ready"]
     client = openai.OpenAI(base_url=local_gateway.v1, api_key=local_gateway.api_key, max_retries=0)
-    chunks = list(client.chat.completions.create(
-        model="gemma-3-270m-local", messages=[{"role": "user", "content": "Name a colour."}],
-        max_tokens=12, temperature=0, stream=True, stream_options={"include_usage": True},
-    ))  # fmt: skip
+    chunks = list(
+        client.chat.completions.create(
+            model="gemma-3-270m-local",
+            messages=[{"role": "user", "content": "Name a colour."}],
+            max_tokens=12,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text.strip()
     usage = [c for c in chunks if c.usage]
@@ -93,8 +102,11 @@ workers:
             time.sleep(0.05)
         assert body["ready"] is False
         assert "GGUF file not found" in body["workers"]["broken-local"]["reason"]
-        response = httpx.post(gw.v1 + "/chat/completions", headers=gw.auth(),
-                              json={"model": "auto", "messages": [{"role": "user", "content": "hi"}]})  # fmt: skip
+        response = httpx.post(
+            gw.v1 + "/chat/completions",
+            headers=gw.auth(),
+            json={"model": "auto", "messages": [{"role": "user", "content": "hi"}]},
+        )
         assert response.status_code == 503
         assert response.json()["error"]["code"] == "no_admissible_worker"
         assert "GGUF file not found" in response.json()["error"]["message"]
