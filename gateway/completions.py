@@ -126,63 +126,69 @@ async def chat_completions(request: Request) -> Response:
     return await _complete(state, chat, decision, headers, started)
 
 
-async def _complete(state, chat, decision, headers, started) -> Response:
+async def first_success(
+    state: AppState, decision: RouteDecision, call
+) -> tuple[object | None, list[WorkerError]]:
+    """Try the decision's workers in order (all admissible) until one answers or one refuses for good."""
     failures: list[WorkerError] = []
     for worker in decision.workers:
         try:
-            result: Completion = await state.client.complete(worker, state.api_base(worker), chat)
+            return await call(worker, state.api_base(worker)), failures
         except WorkerError as err:
             failures.append(err)
             if not err.fallback:
                 break
-            continue
-        headers |= {
-            "x-polyroute-worker": worker.name,
-            "x-polyroute-cost-usd": format_cost(result.cost_usd),
-        }
-        if failures:
-            headers["x-polyroute-fallbacks"] = ",".join(f.worker for f in failures)
-        state.metrics.requests.labels(worker.name, decision.strategy, "200").inc()
-        state.metrics.latency.labels("false").observe(time.perf_counter() - started)
-        return Response(orjson.dumps(result.body), media_type="application/json", headers=headers)
-    return _failed(state, failures, decision, headers)
+    return None, failures
+
+
+def _answered_headers(headers: dict[str, str], worker: str, failures: list[WorkerError]) -> dict[str, str]:
+    headers = {**headers, "x-polyroute-worker": worker}
+    if failures:
+        headers["x-polyroute-fallbacks"] = ",".join(f.worker for f in failures)
+    return headers
+
+
+async def _complete(state, chat, decision, headers, started) -> Response:
+    result, failures = await first_success(
+        state, decision, lambda worker, base: state.client.complete(worker, base, chat)
+    )
+    if result is None:
+        return _failed(state, failures, decision, headers)
+    assert isinstance(result, Completion)
+    headers = _answered_headers(headers, result.worker.name, failures)
+    headers["x-polyroute-cost-usd"] = format_cost(result.cost_usd)
+    state.metrics.requests.labels(result.worker.name, decision.strategy, "200").inc()
+    state.metrics.latency.labels("false").observe(time.perf_counter() - started)
+    return Response(orjson.dumps(result.body), media_type="application/json", headers=headers)
 
 
 def _failed(state: AppState, failures: list[WorkerError], decision: RouteDecision, headers) -> Response:
     err = final_error(failures)
-    err.headers = {**headers, **err.headers, "x-polyroute-cost-usd": "0"}
-    err.headers["x-polyroute-worker"] = failures[-1].worker if failures else "-"
+    worker = failures[-1].worker if failures else "-"
+    err.headers = {**headers, **err.headers, "x-polyroute-cost-usd": "0", "x-polyroute-worker": worker}
     state.metrics.errors.labels(err.code or err.type).inc()
-    state.metrics.requests.labels(
-        failures[-1].worker if failures else "-", decision.strategy, str(err.status)
-    ).inc()
+    state.metrics.requests.labels(worker, decision.strategy, str(err.status)).inc()
     return error_response(err)
 
 
 async def _stream(state, chat, decision, headers, started) -> Response:
-    failures: list[WorkerError] = []
-    for worker in decision.workers:
-        try:
-            stream: OpenStream = await state.client.open_stream(worker, state.api_base(worker), chat)
-        except WorkerError as err:
-            failures.append(err)
-            if not err.fallback:
-                break
-            continue
-        headers |= {
-            "x-polyroute-worker": worker.name,
-            # Headers leave before the answer: this is the prompt-side cost; the final usage chunk
-            # carries the actual total under "polyroute".
-            "x-polyroute-cost-usd": format_cost(stream.prompt_cost_usd),
-            "x-polyroute-cost-basis": "prompt-estimate",
-            "cache-control": "no-cache",
-            "x-accel-buffering": "no",
-        }
-        if failures:
-            headers["x-polyroute-fallbacks"] = ",".join(f.worker for f in failures)
-        body = _sse(state, stream, decision, started, include_usage=_wants_usage(chat))
-        return StreamingResponse(body, media_type="text/event-stream", headers=headers)
-    return _failed(state, failures, decision, headers)
+    stream, failures = await first_success(
+        state, decision, lambda worker, base: state.client.open_stream(worker, base, chat)
+    )
+    if stream is None:
+        return _failed(state, failures, decision, headers)
+    assert isinstance(stream, OpenStream)
+    headers = _answered_headers(headers, stream.worker.name, failures)
+    # Headers leave before the answer: this is the prompt-side cost; the final usage chunk carries
+    # the actual total under "polyroute".
+    headers |= {
+        "x-polyroute-cost-usd": format_cost(stream.prompt_cost_usd),
+        "x-polyroute-cost-basis": "prompt-estimate",
+        "cache-control": "no-cache",
+        "x-accel-buffering": "no",
+    }
+    body = _sse(state, stream, decision, started, include_usage=_wants_usage(chat))
+    return StreamingResponse(body, media_type="text/event-stream", headers=headers)
 
 
 def _wants_usage(chat: ChatCompletionRequest) -> bool:

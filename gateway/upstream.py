@@ -237,13 +237,13 @@ class WorkerClient:
             reraise=True,
         )
 
-    async def complete(self, worker: Worker, api_base: str | None, chat: ChatCompletionRequest) -> Completion:
-        kwargs = self._kwargs(worker, api_base, chat)
+    async def _with_retries(self, worker: Worker, attempt_fn):
+        """Run one call with retries on transient failures; the final failure becomes a WorkerError."""
         try:
             async for attempt in self._retrying():
                 with attempt:
                     try:
-                        response = await litellm.acompletion(**kwargs)
+                        result = await attempt_fn()
                     except Exception:
                         self.metrics.worker_attempts.labels(worker.name, "error").inc()
                         raise
@@ -252,6 +252,11 @@ class WorkerClient:
             log.warning("worker %s failed: %s", worker.name, err.message)
             raise err from exc
         self.metrics.worker_attempts.labels(worker.name, "ok").inc()
+        return result
+
+    async def complete(self, worker: Worker, api_base: str | None, chat: ChatCompletionRequest) -> Completion:
+        kwargs = self._kwargs(worker, api_base, chat)
+        response = await self._with_retries(worker, lambda: litellm.acompletion(**kwargs))
         body = clean_completion(worker, response.model_dump())
         prompt_tokens, completion_tokens = _usage_counts(body.get("usage"))
         cost = litellm_cost(worker, prompt_tokens, completion_tokens)
@@ -265,23 +270,14 @@ class WorkerClient:
         kwargs = self._kwargs(worker, api_base, chat)
         kwargs["stream"] = True
         kwargs["stream_options"] = {"include_usage": True}  # we always account; the client may not see it
-        try:
-            async for attempt in self._retrying():
-                with attempt:
-                    try:
-                        response = await litellm.acompletion(**kwargs)
-                        rest = aiter(response)
-                        first = await anext(rest)
-                    except Exception:
-                        self.metrics.worker_attempts.labels(worker.name, "error").inc()
-                        raise
-        except Exception as exc:
-            err = to_worker_error(worker, exc)
-            log.warning("worker %s failed before streaming: %s", worker.name, err.message)
-            raise err from exc
-        self.metrics.worker_attempts.labels(worker.name, "ok").inc()
-        prompt_estimate = max(1, chat.prompt_chars() // 4)
-        prompt_cost = litellm_cost(worker, prompt_estimate, 0)
+
+        async def start():
+            response = await litellm.acompletion(**kwargs)
+            rest = aiter(response)
+            return await anext(rest), rest
+
+        first, rest = await self._with_retries(worker, start)
+        prompt_cost = litellm_cost(worker, max(1, chat.prompt_chars() // 4), 0)
         return OpenStream(worker, first, rest, self.metrics, prompt_cost)
 
     async def aclose(self) -> None:
