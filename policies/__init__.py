@@ -1,4 +1,4 @@
-"""policies/: the worker catalog and the admission of workers per request (the safety boundary).
+"""policies/: the worker catalog, the policy file and engine, data-class detection (the safety boundary).
 
 Imports neither gateway nor router. Public surface below; other packages import only this.
 """
@@ -15,9 +15,28 @@ from policies.catalog import (
     load_catalog,
     parse_catalog,
 )
+from policies.cost import estimate_tokens, predicted_cost
+from policies.engine import Classification, PolicyEngine, PolicyRequest, PolicyRequestError, Spend
+from policies.loader import DEFAULT_POLICY_PATH, AuditLog, PolicySource, compile_policy
+from policies.schema import Policy, PolicyError, Rule, parse_policy
 
 __all__ = [
     "DEFAULT_CATALOG_PATH",
+    "DEFAULT_POLICY_PATH",
+    "AuditLog",
+    "Classification",
+    "Policy",
+    "PolicyEngine",
+    "PolicyError",
+    "PolicyRequest",
+    "PolicyRequestError",
+    "PolicySource",
+    "Rule",
+    "Spend",
+    "compile_policy",
+    "estimate_tokens",
+    "parse_policy",
+    "predicted_cost",
     "EMBEDDED_POLICY_VERSION",
     "Admission",
     "Architecture",

@@ -29,12 +29,31 @@ class Admission:
     pool: tuple[Worker, ...]
     excluded: tuple[Exclusion, ...]
     policy_version: str = EMBEDDED_POLICY_VERSION
+    data_class: str = "public"
+    data_class_reasons: tuple[str, ...] = ()
+    rules_applied: tuple[str, ...] = ()
+    prefer_fewer_active_params: float = 0.0
 
     def exclusion_for(self, name: str) -> Exclusion | None:
         return next((e for e in self.excluded if e.worker == name), None)
 
     def admits(self, name: str) -> bool:
         return any(w.name == name for w in self.pool)
+
+    @property
+    def denied_by_policy(self) -> tuple[Exclusion, ...]:
+        """Exclusions made by a rule (as opposed to a worker that cannot be called at all)."""
+        return tuple(e for e in self.excluded if e.rule != "unavailable")
+
+    def explain(self) -> dict:
+        return {
+            "policy_version": self.policy_version,
+            "data_class": self.data_class,
+            "data_class_reasons": list(self.data_class_reasons),
+            "rules_applied": list(self.rules_applied),
+            "pool": [w.name for w in self.pool],
+            "excluded": [{"worker": e.worker, "rule": e.rule, "reason": e.reason} for e in self.excluded],
+        }
 
 
 def admit(

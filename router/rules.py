@@ -9,10 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from decimal import Decimal
 
-from policies import Worker
-
-DEFAULT_EXPECTED_OUTPUT_TOKENS = 256
-CHARS_PER_TOKEN = 4  # a cheap, provider-independent estimate; exact counts come from usage
+from policies import Worker, predicted_cost
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,6 +19,7 @@ class RouteRequest:
     prompt_chars: int
     max_output_tokens: int | None = None
     needs_tools: bool = False
+    prefer_fewer_active_params: float = 0.0  # the policy's preference, 0..1
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,13 +31,16 @@ class RouteDecision:
 
 
 def estimate_cost(worker: Worker, request: RouteRequest) -> Decimal:
-    prompt_tokens = max(1, request.prompt_chars // CHARS_PER_TOKEN)
-    output_tokens = request.max_output_tokens or DEFAULT_EXPECTED_OUTPUT_TOKENS
-    return worker.cost_usd(prompt_tokens, output_tokens)
+    return predicted_cost(worker, request.prompt_chars, request.max_output_tokens)
 
 
 class CheapestRouter:
-    """Ranks the admissible pool by predicted cost; ties go to fewer active parameters, then name."""
+    """Ranks the admissible pool by predicted cost; ties go to fewer active parameters, then name.
+
+    With the policy's `prefer_fewer_active_params` weight w > 0 the score is
+    (1 - w) * cost / max cost + w * active params / max active params, so w = 1 ranks by size alone
+    (a worker of unknown size counts as the largest).
+    """
 
     name = "rules-cheapest"
 
@@ -49,12 +50,23 @@ class CheapestRouter:
         candidates = [w for w in pool if "tools" in w.capabilities] if request.needs_tools else []
         ranked_pool = candidates or list(pool)
         costs = {w.name: estimate_cost(w, request) for w in ranked_pool}
-        ranked = sorted(
-            ranked_pool,
-            key=lambda w: (costs[w.name], w.active_params_b or float("inf"), w.name),
-        )
+        weight = request.prefer_fewer_active_params
+        max_cost = max(costs.values()) or Decimal(1)
+        known = [w.active_params_b for w in ranked_pool if w.active_params_b is not None]
+        max_active = max(known, default=1.0)
+
+        def active(w: Worker) -> float:
+            return w.active_params_b if w.active_params_b is not None else max_active
+
+        def score(w: Worker) -> tuple:
+            blended = (1 - weight) * float(costs[w.name] / max_cost) + weight * active(w) / max_active
+            return (blended if weight else 0.0, costs[w.name], active(w), w.name)
+
+        ranked = sorted(ranked_pool, key=score)
         choice = ranked[0]
         reason = f"cheapest admissible (predicted ${costs[choice.name]:.6f})"
+        if weight:
+            reason = f"cost vs active params (weight {weight:g}): predicted ${costs[choice.name]:.6f}"
         if candidates:
             reason += ", tool-capable"
         return RouteDecision(tuple(ranked), "fast", reason, costs[choice.name])

@@ -1,0 +1,202 @@
+"""The policy file: which workers a request may reach, decided by the operator in YAML.
+
+Validated by pydantic on every load; an invalid file is refused whole, with every problem named,
+and the last good policy stays in force. Rules are a flat list, each optionally scoped (`when`) to
+tenants, model aliases and data classes; a worker is admissible when no rule in scope excludes it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from decimal import Decimal
+from typing import Annotated
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from policies.catalog import Tier
+
+Money = Annotated[Decimal, Field(ge=0, max_digits=14, decimal_places=8)]
+Name = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$")]
+
+# ISO 3166 codes of the EU member states: `EU` in a jurisdiction list means any of them.
+EU_MEMBERS = (
+    "AT",
+    "BE",
+    "BG",
+    "HR",
+    "CY",
+    "CZ",
+    "DK",
+    "EE",
+    "FI",
+    "FR",
+    "DE",
+    "GR",
+    "HU",
+    "IE",
+    "IT",
+    "LV",
+    "LT",
+    "LU",
+    "MT",
+    "NL",
+    "PL",
+    "PT",
+    "RO",
+    "SK",
+    "SI",
+    "ES",
+    "SE",
+)
+DEFAULT_GROUPS = {"EU": EU_MEMBERS, "EEA": (*EU_MEMBERS, "IS", "LI", "NO")}
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Scope(Strict):
+    """Where a rule applies; an empty list means 'any'."""
+
+    tenants: tuple[str, ...] = ()
+    models: tuple[str, ...] = Field((), description="requested model: auto, an alias or a worker name")
+    data_classes: tuple[str, ...] = ()
+
+
+class Rule(Strict):
+    """One named constraint. Every constraint set here must hold for a worker to stay admissible."""
+
+    id: Name
+    description: str = ""
+    when: Scope = Scope()
+    allow_jurisdictions: tuple[str, ...] | None = None
+    deny_jurisdictions: tuple[str, ...] = ()
+    allow_providers: tuple[str, ...] | None = None
+    deny_providers: tuple[str, ...] = ()
+    allow_licenses: tuple[str, ...] | None = None
+    deny_licenses: tuple[str, ...] = ()
+    allow_tiers: tuple[Tier, ...] | None = None
+    max_active_params_b: float | None = Field(None, gt=0)
+    max_request_cost_usd: Money | None = None
+    max_output_price_per_m: dict[Tier, Money] | None = Field(
+        None, description="per tier: workers whose output price per 1M tokens is above it are excluded"
+    )
+
+    @model_validator(mode="after")
+    def _constrains_something(self) -> Rule:
+        constraints = self.model_dump(exclude={"id", "description", "when"}, exclude_defaults=True)
+        if not constraints:
+            raise ValueError(f"rule {self.id!r} sets no constraint")
+        return self
+
+
+class Budget(Strict):
+    daily_usd: Money | None = None
+    monthly_usd: Money | None = None
+
+
+class Tenant(Strict):
+    data_class: str | None = Field(None, description="the class of every request of this tenant, at least")
+    budget: Budget = Budget()
+    cost_weight: float | None = Field(None, ge=0, description="the router's default lambda for this tenant")
+
+
+class Detection(Strict):
+    """Which detector kinds mark a request as which data class (the strictest found wins)."""
+
+    enabled: bool = True
+    kinds: dict[str, str] = Field(
+        default_factory=lambda: {
+            "email": "pii",
+            "phone": "pii",
+            "iban": "pii",
+            "credit_card": "pii",
+            "national_id": "pii",
+            "api_secret": "secret",
+        }
+    )
+    custom: dict[str, str] = Field(default_factory=dict, description="kind -> regex, for your own patterns")
+
+
+class Preferences(Strict):
+    prefer_fewer_active_params: float = Field(
+        0.0, ge=0, le=1, description="0: ignore; 1: active parameters weigh as much as cost in ranking"
+    )
+
+
+class Policy(Strict):
+    version: str | int = Field(description="the operator's label; the effective version adds a content hash")
+    data_classes: tuple[str, ...] = Field(
+        ("public", "internal", "pii", "secret"), min_length=1, description="least strict first"
+    )
+    default_data_class: str = "public"
+    jurisdiction_groups: dict[str, tuple[str, ...]] = Field(
+        default_factory=dict, description="your own groups, added to the built-in EU and EEA"
+    )
+
+    def groups(self) -> dict[str, tuple[str, ...]]:
+        return {**DEFAULT_GROUPS, **{k.upper(): v for k, v in self.jurisdiction_groups.items()}}
+
+    detection: Detection = Detection()
+    tenants: dict[str, Tenant] = Field(default_factory=dict)
+    aliases: dict[Name, str] = Field(default_factory=dict, description="alias -> description")
+    rules: tuple[Rule, ...] = ()
+    preferences: Preferences = Preferences()
+
+    @field_validator("data_classes")
+    @classmethod
+    def _distinct(cls, classes: tuple[str, ...]) -> tuple[str, ...]:
+        if len(set(classes)) != len(classes):
+            raise ValueError("data_classes must be distinct")
+        return classes
+
+    @model_validator(mode="after")
+    def _references_exist(self) -> Policy:
+        known = set(self.data_classes)
+        problems = []
+        if self.default_data_class not in known:
+            problems.append(f"default_data_class {self.default_data_class!r} is not in data_classes")
+        for kind, data_class in self.detection.kinds.items():
+            if data_class not in known:
+                problems.append(f"detection.kinds.{kind}: unknown data class {data_class!r}")
+        for name, tenant in self.tenants.items():
+            if tenant.data_class is not None and tenant.data_class not in known:
+                problems.append(f"tenants.{name}.data_class: unknown data class {tenant.data_class!r}")
+        seen: set[str] = set()
+        for rule in self.rules:
+            if rule.id in seen:
+                problems.append(f"duplicate rule id {rule.id!r}")
+            seen.add(rule.id)
+            for data_class in rule.when.data_classes:
+                if data_class not in known:
+                    problems.append(f"rule {rule.id}: unknown data class {data_class!r}")
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+    def strictness(self, data_class: str) -> int:
+        return self.data_classes.index(data_class)
+
+
+class PolicyError(ValueError):
+    """The policy file could not be read or is invalid; the message names the file and fields."""
+
+
+def parse_policy(text: str, source: str = "<string>") -> tuple[Policy, str]:
+    """Parse and validate; returns the policy and its effective version (label + content hash)."""
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise PolicyError(f"{source}: invalid YAML: {exc}") from exc
+    if not isinstance(data, dict):
+        raise PolicyError(f"{source}: expected a mapping at the top level")
+    try:
+        policy = Policy.model_validate(data)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc']) or '(top level)'}: {err['msg']}" for err in exc.errors()
+        )
+        raise PolicyError(f"{source}: invalid policy: {problems}") from exc
+    digest = hashlib.sha256(text.encode("utf-8")).hexdigest()[:8]
+    return policy, f"{policy.version}+{digest}"
