@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -16,23 +17,43 @@ from policies import Catalog
 
 log = logging.getLogger("polyroute.gateway")
 
+SPEND_SAVE_INTERVAL_S = 5.0
+
 
 def create_app(settings: Settings | None = None, catalog: Catalog | None = None) -> FastAPI:
     settings = settings or Settings.from_env()
     state = build_state(settings, catalog)
 
+    async def watch_policy() -> None:
+        """Hot reload: check the policy file's fingerprint; a change is validated, then swapped."""
+        while True:
+            await asyncio.sleep(settings.policy_reload_interval_s)
+            if state.policy.changed():
+                await asyncio.to_thread(state.policy.reload, "file")
+
+    async def save_spend() -> None:
+        while True:
+            await asyncio.sleep(SPEND_SAVE_INTERVAL_S)
+            await asyncio.to_thread(state.spend.save)
+
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         for proc in state.local.values():
             proc.start()
+        tasks = [asyncio.create_task(watch_policy()), asyncio.create_task(save_spend())]
         log.info(
-            "polyroute ready: %d workers in catalog, %d admissible now",
+            "polyroute ready: %d workers in catalog, %d callable now, policy %s",
             len(state.catalog.workers),
-            len(state.admission().pool),
+            len(state.availability().pool),
+            state.policy.engine.version if state.policy.engine else "NONE (requests refused)",
         )
         try:
             yield
         finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            state.spend.save()
             for proc in state.local.values():
                 await proc.stop()
             await state.client.aclose()

@@ -22,7 +22,7 @@ from gateway.errors import APIError, error_response
 from gateway.schemas import ChatCompletionRequest
 from gateway.state import AppState
 from gateway.upstream import Completion, OpenStream, WorkerError
-from policies import Admission
+from policies import Admission, PolicyRequest, PolicyRequestError
 from router import RouteDecision, RouteRequest
 
 log = logging.getLogger("polyroute.gateway")
@@ -34,51 +34,108 @@ def format_cost(cost: Decimal) -> str:
     return f"{cost.quantize(Decimal('0.000000001')):f}"
 
 
+DATA_CLASS_HEADER = "x-polyroute-data-class"
+
+
+def admission_for(state: AppState, request: Request, tenant: str, chat: ChatCompletionRequest) -> Admission:
+    """Ask the policy in force which workers may serve this request. Fails closed."""
+    engine = state.policy.engine  # one snapshot for the whole decision, even if a reload lands now
+    if engine is None:
+        raise APIError(
+            503,
+            f"No valid policy is loaded, so no worker may be called: {state.policy.last_error}",
+            type="server_error",
+            code="policy_unavailable",
+        )
+    version = {"x-polyroute-policy-version": engine.version}
+    known = chat.model == AUTO or chat.model in engine.policy.aliases or state.catalog.get(chat.model)
+    if not known:
+        names = ["auto", *engine.policy.aliases, *state.catalog.names]
+        raise APIError(
+            404,
+            f"The model '{chat.model}' does not exist. Use one of: {', '.join(names)}",
+            code="model_not_found",
+            param="model",
+            headers=version,
+        )
+    policy_request = PolicyRequest(
+        tenant=tenant,
+        model=chat.model,
+        texts=chat.texts(),
+        data_class=chat.metadata_str("data_class") or request.headers.get(DATA_CLASS_HEADER),
+        prompt_chars=chat.prompt_chars(),
+        max_output_tokens=chat.output_budget(),
+        spend=state.spend.spend(tenant),
+    )
+    try:
+        return engine.evaluate(policy_request, state.catalog, state.down_workers())
+    except PolicyRequestError as exc:
+        raise APIError(
+            400, str(exc), param="metadata.data_class", code="invalid_data_class", headers=version
+        ) from None
+    except Exception:
+        log.exception("policy %s could not be evaluated; refusing the request", engine.version)
+        raise APIError(
+            503,
+            "The policy could not be evaluated for this request; no worker was called.",
+            type="server_error",
+            code="policy_evaluation_failed",
+            headers=version,
+        ) from None
+
+
+def _denied(admission: Admission, subject: str) -> APIError:
+    """403 when rules emptied the pool (naming them), 503 when workers simply cannot be called."""
+    listed = "; ".join(f"{e.worker}: {e.reason} [{e.rule}]" for e in admission.excluded)
+    if admission.denied_by_policy:
+        rules = sorted({e.rule for e in admission.denied_by_policy})
+        return APIError(
+            403,
+            f"Policy {admission.policy_version} admits no worker for {subject} "
+            f"(data class {admission.data_class}; rules: {', '.join(rules)}). {listed}",
+            type="permission_error",
+            code="policy_denied",
+        )
+    return APIError(
+        503, f"No worker can serve {subject}. {listed}", type="server_error", code="no_admissible_worker"
+    )
+
+
 def decide(state: AppState, chat: ChatCompletionRequest, admission: Admission) -> RouteDecision:
     """The ordered workers to try, all from the pool, or the OpenAI error that explains why none."""
-    if chat.model != AUTO:
-        worker = state.catalog.get(chat.model)
-        if worker is None:
-            raise APIError(
-                404,
-                f"The model '{chat.model}' does not exist. Use 'auto' or one of: "
-                + ", ".join(state.catalog.names),
-                code="model_not_found",
-                param="model",
-            )
+    route = RouteRequest(
+        chat.prompt_chars(), chat.output_budget(), bool(chat.tools), admission.prefer_fewer_active_params
+    )
+    worker = state.catalog.get(chat.model)
+    if worker is not None:  # pinned by name: that worker or nothing
         if not admission.admits(worker.name):
-            exclusion = admission.exclusion_for(worker.name)
-            reason = exclusion.reason if exclusion else "not admissible"
-            status, code = (
-                (503, "worker_unavailable")
-                if exclusion and exclusion.rule == "unavailable"
-                else (
-                    403,
-                    "policy_denied",
-                )
+            only = Admission(
+                (),
+                tuple(e for e in admission.excluded if e.worker == worker.name),
+                admission.policy_version,
+                admission.data_class,
             )
-            raise APIError(status, f"Worker '{worker.name}' cannot serve this request: {reason}", code=code)
-        route = RouteRequest(chat.prompt_chars(), chat.output_budget(), bool(chat.tools))
+            raise _denied(only, f"'{worker.name}'")
         cost = state.router.route(route, (worker,)).predicted_cost_usd
         return RouteDecision((worker,), "pinned", "pinned by the request", cost)
     if not admission.pool:
-        reasons = "; ".join(f"{e.worker}: {e.reason}" for e in admission.excluded)
-        raise APIError(
-            503,
-            f"No worker can serve this request. {reasons}",
-            type="server_error",
-            code="no_admissible_worker",
-        )
-    route = RouteRequest(chat.prompt_chars(), chat.output_budget(), bool(chat.tools))
+        raise _denied(admission, "this request")
     return state.router.route(route, admission.pool)
 
 
 def route_headers(request_id: str, decision: RouteDecision, admission: Admission) -> dict[str, str]:
     return {
-        "x-polyroute-request-id": request_id,
+        **policy_headers(request_id, admission),
         "x-polyroute-strategy": decision.strategy,
         "x-polyroute-route-reason": decision.reason,
+    }
+
+
+def policy_headers(request_id: str, admission: Admission) -> dict[str, str]:
+    return {
+        "x-polyroute-request-id": request_id,
         "x-polyroute-policy-version": admission.policy_version,
+        "x-polyroute-data-class": admission.data_class,
     }
 
 
@@ -112,7 +169,8 @@ async def chat_completions(request: Request) -> Response:
     try:
         key = state.auth.client(request)
         chat = await read_model(request, ChatCompletionRequest, state.settings.max_body_bytes)
-        admission = state.admission()
+        admission = admission_for(state, request, key.tenant, chat)
+        headers = policy_headers(request_id, admission)
         decision = decide(state, chat, admission)
     except APIError as err:
         err.headers = {**headers, **err.headers}
@@ -122,8 +180,8 @@ async def chat_completions(request: Request) -> Response:
     headers = route_headers(request_id, decision, admission)
     log.debug("request %s tenant=%s -> %s", request_id, key.tenant, [w.name for w in decision.workers])
     if chat.stream:
-        return await _stream(state, chat, decision, headers, started)
-    return await _complete(state, chat, decision, headers, started)
+        return await _stream(state, key.tenant, chat, decision, headers, started)
+    return await _complete(state, key.tenant, chat, decision, headers, started)
 
 
 async def first_success(
@@ -148,7 +206,7 @@ def _answered_headers(headers: dict[str, str], worker: str, failures: list[Worke
     return headers
 
 
-async def _complete(state, chat, decision, headers, started) -> Response:
+async def _complete(state, tenant, chat, decision, headers, started) -> Response:
     result, failures = await first_success(
         state, decision, lambda worker, base: state.client.complete(worker, base, chat)
     )
@@ -157,6 +215,7 @@ async def _complete(state, chat, decision, headers, started) -> Response:
     assert isinstance(result, Completion)
     headers = _answered_headers(headers, result.worker.name, failures)
     headers["x-polyroute-cost-usd"] = format_cost(result.cost_usd)
+    state.spend.record(tenant, result.cost_usd)
     state.metrics.requests.labels(result.worker.name, decision.strategy, "200").inc()
     state.metrics.latency.labels("false").observe(time.perf_counter() - started)
     return Response(orjson.dumps(result.body), media_type="application/json", headers=headers)
@@ -171,7 +230,7 @@ def _failed(state: AppState, failures: list[WorkerError], decision: RouteDecisio
     return error_response(err)
 
 
-async def _stream(state, chat, decision, headers, started) -> Response:
+async def _stream(state, tenant, chat, decision, headers, started) -> Response:
     stream, failures = await first_success(
         state, decision, lambda worker, base: state.client.open_stream(worker, base, chat)
     )
@@ -187,7 +246,7 @@ async def _stream(state, chat, decision, headers, started) -> Response:
         "cache-control": "no-cache",
         "x-accel-buffering": "no",
     }
-    body = _sse(state, stream, decision, started, include_usage=_wants_usage(chat))
+    body = _sse(state, tenant, stream, decision, started, include_usage=_wants_usage(chat))
     return StreamingResponse(body, media_type="text/event-stream", headers=headers)
 
 
@@ -196,7 +255,12 @@ def _wants_usage(chat: ChatCompletionRequest) -> bool:
 
 
 async def _sse(
-    state: AppState, stream: OpenStream, decision: RouteDecision, started: float, include_usage: bool
+    state: AppState,
+    tenant: str,
+    stream: OpenStream,
+    decision: RouteDecision,
+    started: float,
+    include_usage: bool,
 ) -> AsyncIterator[bytes]:
     worker = stream.worker.name
     status = "200"
@@ -219,6 +283,7 @@ async def _sse(
         }
         yield b"data: " + orjson.dumps({"error": error}) + b"\n\n"
     finally:
+        state.spend.record(tenant, stream.cost_usd)  # what was streamed is spent, even if cut short
         state.metrics.requests.labels(worker, decision.strategy, status).inc()
         state.metrics.latency.labels("true").observe(time.perf_counter() - started)
     yield b"data: [DONE]\n\n"

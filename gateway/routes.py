@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
+from typing import Any
+
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.responses import Response
 
-from gateway.body import read_model
+from gateway.body import read_body, read_model
 from gateway.completions import chat_completions
 from gateway.errors import APIError, JSONResponse
 from gateway.keys import KeyNotFound
 from gateway.state import AppState
-from policies import Worker
+from policies import PolicyError, PolicyRequest, PolicyRequestError, Worker
 
 router = APIRouter()
 router.add_api_route("/v1/chat/completions", chat_completions, methods=["POST"], include_in_schema=True)
@@ -49,7 +52,7 @@ def worker_card(worker: Worker, unavailable: str | None) -> dict:
 async def list_models(request: Request) -> JSONResponse:
     state = _state(request)
     state.auth.client(request)
-    admission = state.admission()
+    admission = state.availability()
     data = [
         {
             "id": "auto",
@@ -59,6 +62,17 @@ async def list_models(request: Request) -> JSONResponse:
             "polyroute": {"available": bool(admission.pool), "router": state.router.name},
         }
     ]
+    engine = state.policy.engine
+    for alias, description in engine.policy.aliases.items() if engine else ():
+        data.append(
+            {
+                "id": alias,
+                "object": "model",
+                "created": 0,
+                "owned_by": "polyroute",
+                "polyroute": {"alias": True, "description": description, "available": bool(admission.pool)},
+            }
+        )
     for worker in state.catalog.workers:
         exclusion = admission.exclusion_for(worker.name)
         data.append(worker_card(worker, exclusion.reason if exclusion else None))
@@ -72,16 +86,17 @@ async def healthz() -> JSONResponse:
 
 @router.get("/readyz")
 async def readyz(request: Request) -> JSONResponse:
-    """Ready when at least one worker can be called; lists every worker's state."""
+    """Ready when a policy is in force and at least one worker can be called; lists every worker."""
     state = _state(request)
-    admission = state.admission()
+    admission = state.availability()
     workers = {w.name: {"ready": True} for w in admission.pool}
     for exclusion in admission.excluded:
         workers[exclusion.worker] = {"ready": False, "reason": exclusion.reason}
     for name, proc in state.local.items():
         workers[name]["local"] = {"state": proc.state, "detail": proc.detail}
-    ready = bool(admission.pool)
-    body = {"ready": ready, "router": state.router.name, "workers": workers}
+    policy = state.policy.status()
+    ready = bool(admission.pool) and policy["in_force"]
+    body = {"ready": ready, "router": state.router.name, "policy": policy, "workers": workers}
     return JSONResponse(body, status_code=200 if ready else 503)
 
 
@@ -130,7 +145,7 @@ async def admin_revoke_key(key_id: str, request: Request) -> JSONResponse:
 async def admin_workers(request: Request) -> JSONResponse:
     state = _state(request)
     state.auth.admin(request)
-    admission = state.admission()
+    admission = state.availability()
     return JSONResponse(
         {
             "pool": [w.name for w in admission.pool],
@@ -140,3 +155,100 @@ async def admin_workers(request: Request) -> JSONResponse:
             "catalog": [w.model_dump(mode="json") for w in state.catalog.workers],
         }
     )
+
+
+# ---- policies ------------------------------------------------------------------------------------
+YAML_TYPES = ("application/yaml", "application/x-yaml", "text/yaml", "text/plain")
+
+
+@router.get("/admin/policies")
+async def admin_get_policy(request: Request) -> Response:
+    """The policy YAML in force (as text), its version in x-polyroute-policy-version."""
+    state = _state(request)
+    state.auth.admin(request)
+    text, engine = state.policy.text, state.policy.engine
+    if text is None or engine is None:
+        raise APIError(404, "no valid policy is loaded", type="not_found_error", code="policy_unavailable")
+    return Response(
+        text, media_type="application/yaml", headers={"x-polyroute-policy-version": engine.version}
+    )
+
+
+@router.put("/admin/policies")
+async def admin_put_policy(request: Request) -> JSONResponse:
+    """Replace the policy: validated like a file edit; refused whole if invalid; audited."""
+    state = _state(request)
+    admin = state.auth.admin(request)
+    content_type = request.headers.get("content-type", "").split(";")[0].strip()
+    if content_type not in YAML_TYPES:
+        raise APIError(
+            415, f"send the policy as YAML ({', '.join(YAML_TYPES)})", code="unsupported_media_type"
+        )
+    raw = await read_body(request, state.settings.max_body_bytes)
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise APIError(400, "the policy must be UTF-8 text", code="invalid_policy") from None
+    try:
+        engine = await asyncio.to_thread(state.policy.replace, text, f"{admin.id} ({admin.name})")
+    except PolicyError as exc:
+        raise APIError(400, str(exc), code="invalid_policy") from None
+    return JSONResponse({"version": engine.version, "status": state.policy.status()})
+
+
+@router.get("/admin/policies/status")
+async def admin_policy_status(request: Request) -> JSONResponse:
+    state = _state(request)
+    state.auth.admin(request)
+    return JSONResponse(state.policy.status())
+
+
+@router.get("/admin/policies/audit")
+async def admin_policy_audit(request: Request, limit: int = 100) -> JSONResponse:
+    state = _state(request)
+    state.auth.admin(request)
+    audit = state.policy.audit
+    return JSONResponse({"data": audit.entries(max(1, min(limit, 1000))) if audit else []})
+
+
+class ExplainRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    tenant: str = "default"
+    model: str = "auto"
+    text: str | None = None
+    messages: list[dict[str, Any]] | None = None
+    data_class: str | None = None
+    max_tokens: int | None = Field(None, ge=1)
+
+
+@router.post("/admin/policies/explain")
+async def admin_policy_explain(request: Request) -> JSONResponse:
+    """Dry run: the data class, the rules in scope, the pool and each excluded worker with its rule."""
+    state = _state(request)
+    state.auth.admin(request)
+    body = await read_model(request, ExplainRequest, state.settings.max_body_bytes)
+    engine = state.policy.engine
+    if engine is None:
+        raise APIError(
+            503, f"no valid policy is loaded: {state.policy.last_error}", code="policy_unavailable"
+        )
+    texts = [body.text] if body.text else []
+    for message in body.messages or []:
+        content = message.get("content")
+        if isinstance(content, str):
+            texts.append(content)
+    policy_request = PolicyRequest(
+        tenant=body.tenant,
+        model=body.model,
+        texts=tuple(texts),
+        data_class=body.data_class,
+        prompt_chars=sum(len(t) for t in texts),
+        max_output_tokens=body.max_tokens,
+        spend=state.spend.spend(body.tenant),
+    )
+    try:
+        admission = engine.evaluate(policy_request, state.catalog, state.down_workers())
+    except PolicyRequestError as exc:
+        raise APIError(400, str(exc), param="data_class", code="invalid_data_class") from None
+    return JSONResponse({"tenant": body.tenant, "model": body.model, **admission.explain()})

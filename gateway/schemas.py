@@ -74,6 +74,13 @@ class Message(BaseModel):
             raise ValueError(f"a {self.role} message has an empty content list")
         return self
 
+    def texts(self) -> list[str]:
+        if isinstance(self.content, str):
+            return [self.content]
+        if isinstance(self.content, list):
+            return [str(getattr(p, "text", "") or "") for p in self.content if getattr(p, "text", None)]
+        return []
+
     def text_length(self) -> int:
         if isinstance(self.content, str):
             return len(self.content)
@@ -133,6 +140,14 @@ class ChatCompletionRequest(BaseModel):
 
     def messages_payload(self) -> list[dict[str, Any]]:
         return [m.model_dump(exclude_none=True) for m in self.messages]
+
+    def texts(self) -> tuple[str, ...]:
+        """Every text the workers would see (for data-class detection)."""
+        return tuple(text for m in self.messages for text in m.texts())
+
+    def metadata_str(self, key: str) -> str | None:
+        value = (self.metadata or {}).get(key)
+        return value if isinstance(value, str) else None
 
     def prompt_chars(self) -> int:
         return sum(m.text_length() for m in self.messages)

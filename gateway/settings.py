@@ -17,6 +17,10 @@ class Settings(BaseModel):
     port: int = Field(8400, ge=0, le=65535)
     data_dir: Path = Path(".polyroute")
     workers_file: Path | None = Field(None, description="None: the embedded default catalog")
+    policy_file: Path | None = Field(
+        None, description="None: <data_dir>/policy.yaml, seeded from the embedded default on first start"
+    )
+    policy_reload_interval_s: float = Field(1.0, gt=0, description="how often the policy file is checked")
     admin_key: str | None = Field(None, description="None: generated on first start, see data_dir")
     max_body_bytes: int = Field(4 * 1024 * 1024, gt=0)
     local_workers: bool = Field(True, description="start managed local (llama.cpp) workers")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -12,8 +13,18 @@ from gateway.keys import FileKeyStore
 from gateway.local_worker import LocalWorkerProcess
 from gateway.metrics import Metrics
 from gateway.settings import Settings
+from gateway.spend import SpendStore
 from gateway.upstream import WorkerClient
-from policies import Admission, Catalog, Worker, admit, load_catalog
+from policies import (
+    DEFAULT_POLICY_PATH,
+    Admission,
+    AuditLog,
+    Catalog,
+    PolicySource,
+    Worker,
+    admit,
+    load_catalog,
+)
 from router import CheapestRouter
 
 log = logging.getLogger("polyroute.gateway")
@@ -27,6 +38,8 @@ class AppState:
     router: CheapestRouter
     metrics: Metrics
     client: WorkerClient
+    policy: PolicySource
+    spend: SpendStore
     local: dict[str, LocalWorkerProcess] = field(default_factory=dict)
 
     def down_workers(self) -> dict[str, str]:
@@ -41,7 +54,8 @@ class AppState:
                 down[worker.name] = reason
         return down
 
-    def admission(self) -> Admission:
+    def availability(self) -> Admission:
+        """Which workers can be called at all, before any policy (for /v1/models and /readyz)."""
         return admit(self.catalog, down=self.down_workers())
 
     def api_base(self, worker: Worker) -> str | None:
@@ -58,9 +72,18 @@ def bootstrap_admin_key(store: FileKeyStore, settings: Settings) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as fh:
         fh.write(plaintext + "\n")
-    log.warning(
-        "created an admin key; it is in %s (mode 0600). Set POLYROUTE_ADMIN_KEY to use your own.", path
-    )
+    log.warning("created an admin key in %s (mode 0600); set POLYROUTE_ADMIN_KEY to use your own", path)
+
+
+def policy_path(settings: Settings) -> Path:
+    """The operator's policy file; on first start the embedded default is copied there to edit."""
+    if settings.policy_file is not None:
+        return Path(settings.policy_file)
+    path = Path(settings.data_dir) / "policy.yaml"
+    if not path.exists():
+        shutil.copyfile(DEFAULT_POLICY_PATH, path)
+        log.info("wrote the default policy to %s; edit it (hot-reloaded) or PUT /admin/policies", path)
+    return path
 
 
 def build_state(settings: Settings, catalog: Catalog | None = None) -> AppState:
@@ -70,6 +93,9 @@ def build_state(settings: Settings, catalog: Catalog | None = None) -> AppState:
     store = FileKeyStore(data_dir / "keys.json", settings.key_reload_interval_s)
     bootstrap_admin_key(store, settings)
     metrics = Metrics()
+    policy = PolicySource(policy_path(settings), AuditLog(data_dir / "policy-audit.jsonl"))
+    if policy.engine is None:
+        log.error("no valid policy: every chat request is refused until one loads (%s)", policy.last_error)
     state = AppState(
         settings=settings,
         catalog=catalog,
@@ -77,6 +103,8 @@ def build_state(settings: Settings, catalog: Catalog | None = None) -> AppState:
         router=CheapestRouter(),
         metrics=metrics,
         client=WorkerClient(metrics, retries=settings.retries, backoff_s=settings.retry_backoff_s),
+        policy=policy,
+        spend=SpendStore(data_dir / "spend.json"),
     )
     if settings.local_workers:
         for worker in catalog.workers:

@@ -20,6 +20,8 @@ from rich.table import Table
 app = typer.Typer(help="polyroute: a cost-aware multi-model routing gateway.", no_args_is_help=True)
 keys_app = typer.Typer(help="Create, list and revoke API keys (stored hashed in the data dir).")
 app.add_typer(keys_app, name="keys")
+policies_app = typer.Typer(help="Validate a policy file and explain its decisions.")
+app.add_typer(policies_app, name="policies")
 console = Console(stderr=True)
 
 DataDir = Annotated[
@@ -184,6 +186,97 @@ def workers(workers_file: Annotated[Path | None, typer.Option(help="worker catal
             "yes" if reason is None else f"no: {reason}",
         )
     Console().print(table)
+
+
+def _policy_file(policy: Path | None, data_dir: Path | None) -> Path:
+    """The file a running gateway would use: --policy, $POLYROUTE_POLICY_FILE, the data dir's, the default."""
+    from policies import DEFAULT_POLICY_PATH
+
+    if policy:
+        return policy
+    if os.environ.get("POLYROUTE_POLICY_FILE"):
+        return Path(os.environ["POLYROUTE_POLICY_FILE"])
+    seeded = _data_dir(data_dir) / "policy.yaml"
+    return seeded if seeded.exists() else DEFAULT_POLICY_PATH
+
+
+@policies_app.command("validate")
+def policies_validate(file: Path) -> None:
+    """Check a policy file as the gateway would; exit 2 with every problem named if it is invalid."""
+    from policies import PolicyError, compile_policy
+
+    try:
+        engine = compile_policy(file.read_text(encoding="utf-8"), str(file))
+    except OSError as exc:
+        console.print(f"[red]{file}: cannot read: {exc.strerror or exc}[/]")
+        raise typer.Exit(2) from None
+    except PolicyError as exc:
+        console.print(f"[red]{exc}[/]")
+        raise typer.Exit(2) from None
+    policy = engine.policy
+    console.print(
+        f"[green]valid[/] {file}: version {engine.version}, {len(policy.rules)} rules, "
+        f"data classes {' < '.join(policy.data_classes)}, {len(policy.tenants)} tenants, "
+        f"{len(engine.detectors)} detectors"
+    )
+
+
+@policies_app.command("explain")
+def policies_explain(
+    text: Annotated[str, typer.Option(help="the request text to judge")],
+    tenant: Annotated[str, typer.Option(help="tenant")] = "default",
+    model: Annotated[str, typer.Option(help="requested model: auto, an alias or a worker")] = "auto",
+    data_class: Annotated[str | None, typer.Option(help="the request's own data-class tag")] = None,
+    max_tokens: Annotated[int | None, typer.Option(help="the request's max_tokens")] = None,
+    policy: Annotated[Path | None, typer.Option(help="policy YAML [default: what the gateway uses]")] = None,
+    workers_file: Annotated[Path | None, typer.Option(help="worker catalog YAML")] = None,
+    data_dir: DataDir = None,
+    as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
+) -> None:
+    """Show the data class, the rules in scope, the admissible pool and why each other worker is out."""
+    from policies import (
+        CatalogError,
+        PolicyError,
+        PolicyRequest,
+        PolicyRequestError,
+        compile_policy,
+        load_catalog,
+    )
+
+    path = _policy_file(policy, data_dir)
+    try:
+        engine = compile_policy(path.read_text(encoding="utf-8"), str(path))
+        catalog = load_catalog(workers_file)
+        admission = engine.evaluate(
+            PolicyRequest(
+                tenant=tenant,
+                model=model,
+                texts=(text,),
+                data_class=data_class,
+                prompt_chars=len(text),
+                max_output_tokens=max_tokens,
+            ),
+            catalog,
+        )
+    except (OSError, PolicyError, CatalogError, PolicyRequestError) as exc:
+        console.print(f"[red]{exc}[/]")
+        raise typer.Exit(2) from None
+    result = {"tenant": tenant, "model": model, **admission.explain()}
+    if as_json:
+        print(json.dumps(result, indent=2))
+        return
+    out = Console()
+    out.print(
+        f"policy [bold]{admission.policy_version}[/] ({path}) · tenant [bold]{tenant}[/] · model {model}"
+    )
+    out.print(f"data class [bold]{admission.data_class}[/] ({'; '.join(admission.data_class_reasons)})")
+    out.print(f"rules in scope: {', '.join(admission.rules_applied) or 'none'}")
+    table = Table("worker", "admitted", "rule", "reason")
+    for worker in admission.pool:
+        table.add_row(worker.name, "[green]yes[/]", "", "")
+    for exclusion in admission.excluded:
+        table.add_row(exclusion.worker, "[red]no[/]", exclusion.rule, exclusion.reason)
+    out.print(table)
 
 
 if __name__ == "__main__":

@@ -244,7 +244,8 @@ def test_unavailable_pinned_worker_is_503_and_never_called(gateway, upstream):
 def test_models_lists_catalog_with_availability(gateway):
     with Client(gateway.url, api_key=gateway.api_key) as client:
         models = {m["id"]: m for m in client.models()}
-    assert set(models) == {"auto", "cheap", "mid", "pricey", "nokey"}
+    assert set(models) == {"auto", "batch", "cheap", "mid", "pricey", "nokey"}  # batch: the policy's alias
+    assert models["batch"]["polyroute"]["alias"] is True
     assert models["cheap"]["polyroute"]["available"] is True
     assert models["nokey"]["polyroute"]["available"] is False
     assert "POLYROUTE_TEST_UNSET_KEY" in models["nokey"]["polyroute"]["unavailable_reason"]

@@ -73,3 +73,72 @@ def test_serve_refuses_an_invalid_catalog(tmp_path):
         timeout=60,
     )
     assert result.returncode == 2 and "invalid YAML" in result.stderr
+
+
+def test_policies_validate(tmp_path):
+    good = tmp_path / "policy.yaml"
+    good.write_text("version: 9\nrules: [{id: small, max_active_params_b: 13}]\n")
+    ok = subprocess.run(
+        [sys.executable, "-m", "polyroute.cli", "policies", "validate", str(good)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert ok.returncode == 0 and "valid" in ok.stderr and "1 rules" in ok.stderr
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("version: 9\nrules: [{id: small}]\n")
+    refused = subprocess.run(
+        [sys.executable, "-m", "polyroute.cli", "policies", "validate", str(bad)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert refused.returncode == 2 and "sets no constraint" in refused.stderr
+
+
+def test_policies_explain_defaults_to_the_default_tenant(tmp_path):
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "polyroute.cli",
+            "policies",
+            "explain",
+            "--text",
+            "mail bob@example.com",
+            "--data-dir",
+            str(tmp_path),
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PATH": "/usr/bin:/bin", "DEEPSEEK_API_KEY": "x", "MISTRAL_API_KEY": "y"},
+    )
+    assert result.returncode == 0, result.stderr
+    body = json.loads(result.stdout)
+    assert body["tenant"] == "default" and body["data_class"] == "pii"
+    excluded = {e["worker"]: e for e in body["excluded"]}
+    assert excluded["deepseek-chat"]["rule"] == "pii-eu-or-local"
+    assert "mixtral-8x22b" in body["pool"] and "gemma-3-270m-local" in body["pool"]
+    assert excluded["gpt-4.1"]["rule"] == "unavailable"
+    table = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "polyroute.cli",
+            "policies",
+            "explain",
+            "--text",
+            "hi",
+            "--tenant",
+            "acme",
+            "--data-dir",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PATH": "/usr/bin:/bin", "COLUMNS": "200"},
+    )
+    assert table.returncode == 0 and "tenant acme" in table.stdout and "data class public" in table.stdout
