@@ -52,6 +52,7 @@ test-fast: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) bench/overhead.py
+	$(PY) bench/policy.py
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -8,6 +8,7 @@ tenants, model aliases and data classes; a worker is admissible when no rule in 
 from __future__ import annotations
 
 import hashlib
+import re
 from decimal import Decimal
 from typing import Annotated
 
@@ -15,6 +16,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from policies.catalog import Tier
+from policies.detect import BUILTIN_KINDS
 
 Money = Annotated[Decimal, Field(ge=0, max_digits=14, decimal_places=8)]
 Name = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$")]
@@ -99,7 +101,6 @@ class Budget(Strict):
 class Tenant(Strict):
     data_class: str | None = Field(None, description="the class of every request of this tenant, at least")
     budget: Budget = Budget()
-    cost_weight: float | None = Field(None, ge=0, description="the router's default lambda for this tenant")
 
 
 class Detection(Strict):
@@ -160,6 +161,18 @@ class Policy(Strict):
         for kind, data_class in self.detection.kinds.items():
             if data_class not in known:
                 problems.append(f"detection.kinds.{kind}: unknown data class {data_class!r}")
+            if kind not in BUILTIN_KINDS and kind not in self.detection.custom:
+                problems.append(
+                    f"detection.kinds.{kind}: no such detector (built-in: {', '.join(BUILTIN_KINDS)}; "
+                    "or define it under detection.custom)"
+                )
+        for kind, pattern in self.detection.custom.items():
+            if kind not in self.detection.kinds:
+                problems.append(f"detection.custom.{kind}: map it to a data class under detection.kinds")
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                problems.append(f"detection.custom.{kind}: invalid regex: {exc}")
         for name, tenant in self.tenants.items():
             if tenant.data_class is not None and tenant.data_class not in known:
                 problems.append(f"tenants.{name}.data_class: unknown data class {tenant.data_class!r}")

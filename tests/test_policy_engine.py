@@ -254,6 +254,9 @@ def test_budget_excludes_what_would_overspend_but_keeps_free_workers():
         ("version: 1\nrules: [{id: r, colour: red, max_active_params_b: 3}]", "colour"),
         ("version: 1\nrules: [{id: r, allow_tiers: [galactic]}]", "allow_tiers"),
         ("version: 1\ndetection: {kinds: {email: nope}}", "detection.kinds.email"),
+        ("version: 1\ndetection: {kinds: {passport: pii}}", "no such detector"),
+        ("version: 1\ndetection: {custom: {emp: 'EMP-1'}}", "map it to a data class"),
+        ("version: 1\ndetection: {kinds: {emp: pii}, custom: {emp: 'EMP-('}}", "invalid regex"),
     ],
 )
 def test_invalid_policies_are_refused_with_the_reason(text, fragment):
