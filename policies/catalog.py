@@ -14,8 +14,9 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from policies.yamlfile import parse_yaml_model
 
 DEFAULT_CATALOG_PATH = Path(__file__).parent / "defaults" / "workers.yaml"
 
@@ -141,17 +142,7 @@ class CatalogError(ValueError):
 
 
 def parse_catalog(text: str, source: str = "<string>") -> Catalog:
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise CatalogError(f"{source}: invalid YAML: {exc}") from exc
-    if not isinstance(data, dict):
-        raise CatalogError(f"{source}: expected a mapping with a 'workers' list at the top level")
-    try:
-        return Catalog.model_validate(data)
-    except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors())
-        raise CatalogError(f"{source}: invalid catalog: {problems}") from exc
+    return parse_yaml_model(text, source, Catalog, "catalog", CatalogError)
 
 
 def load_catalog(path: str | Path | None = None) -> Catalog:

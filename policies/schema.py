@@ -12,11 +12,11 @@ import re
 from decimal import Decimal
 from typing import Annotated
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from policies.catalog import Tier
 from policies.detect import BUILTIN_KINDS
+from policies.yamlfile import parse_yaml_model
 
 Money = Annotated[Decimal, Field(ge=0, max_digits=14, decimal_places=8)]
 Name = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$")]
@@ -198,18 +198,6 @@ class PolicyError(ValueError):
 
 def parse_policy(text: str, source: str = "<string>") -> tuple[Policy, str]:
     """Parse and validate; returns the policy and its effective version (label + content hash)."""
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise PolicyError(f"{source}: invalid YAML: {exc}") from exc
-    if not isinstance(data, dict):
-        raise PolicyError(f"{source}: expected a mapping at the top level")
-    try:
-        policy = Policy.model_validate(data)
-    except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in err['loc']) or '(top level)'}: {err['msg']}" for err in exc.errors()
-        )
-        raise PolicyError(f"{source}: invalid policy: {problems}") from exc
+    policy = parse_yaml_model(text, source, Policy, "policy", PolicyError)
     digest = hashlib.sha256(text.encode("utf-8")).hexdigest()[:8]
     return policy, f"{policy.version}+{digest}"

@@ -9,13 +9,15 @@ import sys
 from gateway.keys import FileKeyStore
 
 
-def polyroute(*args: str, data_dir) -> subprocess.CompletedProcess[str]:
+def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """The CLI as a user runs it; `env` replaces the environment (to control which keys are set)."""
     return subprocess.run(
-        [sys.executable, "-m", "polyroute.cli", *args, "--data-dir", str(data_dir)],
-        capture_output=True,
-        text=True,
-        timeout=60,
+        [sys.executable, "-m", "polyroute.cli", *args], capture_output=True, text=True, timeout=60, env=env
     )
+
+
+def polyroute(*args: str, data_dir) -> subprocess.CompletedProcess[str]:
+    return run_cli(*args, "--data-dir", str(data_dir))
 
 
 def test_keys_create_list_revoke(tmp_path):
@@ -43,13 +45,7 @@ def test_revoking_an_unknown_key_fails_clearly(tmp_path):
 
 
 def test_workers_command_shows_availability(tmp_path):
-    result = subprocess.run(
-        [sys.executable, "-m", "polyroute.cli", "workers"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={"PATH": "/usr/bin:/bin", "COLUMNS": "200"},
-    )
+    result = run_cli("workers", env={"PATH": "/usr/bin:/bin", "COLUMNS": "200"})
     assert result.returncode == 0, result.stderr
     assert "gemma-3-270m-local" in result.stdout and "OPENAI_API_KEY" in result.stdout
 
@@ -57,62 +53,30 @@ def test_workers_command_shows_availability(tmp_path):
 def test_serve_refuses_an_invalid_catalog(tmp_path):
     bad = tmp_path / "workers.yaml"
     bad.write_text("workers: [")
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "polyroute.cli",
-            "serve",
-            "--workers-file",
-            str(bad),
-            "--data-dir",
-            str(tmp_path),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    result = run_cli("serve", "--workers-file", str(bad), "--data-dir", str(tmp_path))
     assert result.returncode == 2 and "invalid YAML" in result.stderr
 
 
 def test_policies_validate(tmp_path):
     good = tmp_path / "policy.yaml"
     good.write_text("version: 9\nrules: [{id: small, max_active_params_b: 13}]\n")
-    ok = subprocess.run(
-        [sys.executable, "-m", "polyroute.cli", "policies", "validate", str(good)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    ok = run_cli("policies", "validate", str(good))
     assert ok.returncode == 0 and "valid" in ok.stderr and "1 rules" in ok.stderr
     bad = tmp_path / "bad.yaml"
     bad.write_text("version: 9\nrules: [{id: small}]\n")
-    refused = subprocess.run(
-        [sys.executable, "-m", "polyroute.cli", "policies", "validate", str(bad)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    refused = run_cli("policies", "validate", str(bad))
     assert refused.returncode == 2 and "sets no constraint" in refused.stderr
 
 
 def test_policies_explain_defaults_to_the_default_tenant(tmp_path):
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "polyroute.cli",
-            "policies",
-            "explain",
-            "--text",
-            "mail bob@example.com",
-            "--data-dir",
-            str(tmp_path),
-            "--json",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
+    result = run_cli(
+        "policies",
+        "explain",
+        "--text",
+        "mail bob@example.com",
+        "--data-dir",
+        str(tmp_path),
+        "--json",
         env={"PATH": "/usr/bin:/bin", "DEEPSEEK_API_KEY": "x", "MISTRAL_API_KEY": "y"},
     )
     assert result.returncode == 0, result.stderr
@@ -122,23 +86,15 @@ def test_policies_explain_defaults_to_the_default_tenant(tmp_path):
     assert excluded["deepseek-chat"]["rule"] == "pii-eu-or-local"
     assert "mixtral-8x22b" in body["pool"] and "gemma-3-270m-local" in body["pool"]
     assert excluded["gpt-4.1"]["rule"] == "unavailable"
-    table = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "polyroute.cli",
-            "policies",
-            "explain",
-            "--text",
-            "hi",
-            "--tenant",
-            "acme",
-            "--data-dir",
-            str(tmp_path),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
+    table = run_cli(
+        "policies",
+        "explain",
+        "--text",
+        "hi",
+        "--tenant",
+        "acme",
+        "--data-dir",
+        str(tmp_path),
         env={"PATH": "/usr/bin:/bin", "COLUMNS": "200"},
     )
     assert table.returncode == 0 and "tenant acme" in table.stdout and "data class public" in table.stdout
