@@ -31,6 +31,13 @@ def create_app(settings: Settings | None = None, catalog: Catalog | None = None)
             if state.policy.changed():
                 await asyncio.to_thread(state.policy.reload, "file")
 
+    async def watch_router() -> None:
+        """Hot swap: a new current.json (train, rollback) loads in a thread and swaps when it works."""
+        while True:
+            await asyncio.sleep(settings.router_reload_interval_s)
+            if state.router.changed():
+                await asyncio.to_thread(state.router.reload)
+
     async def save_spend() -> None:
         while True:
             await asyncio.sleep(SPEND_SAVE_INTERVAL_S)
@@ -40,12 +47,13 @@ def create_app(settings: Settings | None = None, catalog: Catalog | None = None)
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         for proc in state.local.values():
             proc.start()
-        tasks = [asyncio.create_task(watch_policy()), asyncio.create_task(save_spend())]
+        tasks = [asyncio.create_task(t()) for t in (watch_policy, watch_router, save_spend)]
         log.info(
-            "polyroute ready: %d workers in catalog, %d callable now, policy %s",
+            "polyroute ready: %d workers in catalog, %d callable now, policy %s, router %s",
             len(state.catalog.workers),
             len(state.availability().pool),
             state.policy.engine.version if state.policy.engine else "NONE (requests refused)",
+            state.router.current.version,
         )
         try:
             yield
@@ -54,6 +62,7 @@ def create_app(settings: Settings | None = None, catalog: Catalog | None = None)
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             state.spend.save()
+            state.ledger.close()
             for proc in state.local.values():
                 await proc.stop()
             await state.client.aclose()

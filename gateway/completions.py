@@ -7,10 +7,12 @@ after that, a failure ends the stream with an error event.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 from decimal import Decimal
 
 import orjson
@@ -19,7 +21,9 @@ from starlette.responses import Response, StreamingResponse
 
 from gateway.body import read_model
 from gateway.errors import APIError, error_response
+from gateway.ledger import RequestRecord, storable_query
 from gateway.schemas import ChatCompletionRequest
+from gateway.spend import to_micros
 from gateway.state import AppState
 from gateway.upstream import Completion, OpenStream, WorkerError
 from policies import Admission, PolicyRequest, PolicyRequestError
@@ -35,6 +39,7 @@ def format_cost(cost: Decimal) -> str:
 
 
 DATA_CLASS_HEADER = "x-polyroute-data-class"
+COST_WEIGHT_HEADER = "x-polyroute-cost-weight"
 
 
 def admission_for(state: AppState, request: Request, tenant: str, chat: ChatCompletionRequest) -> Admission:
@@ -101,11 +106,43 @@ def _denied(admission: Admission, subject: str) -> APIError:
     )
 
 
-def decide(state: AppState, chat: ChatCompletionRequest, admission: Admission) -> RouteDecision:
-    """The ordered workers to try, all from the pool, or the OpenAI error that explains why none."""
-    route = RouteRequest(
-        chat.prompt_chars(), chat.output_budget(), bool(chat.tools), admission.prefer_fewer_active_params
+def _float_param(value: object, name: str, low: float, high: float | None) -> float | None:
+    if value is None:
+        return None
+    try:
+        number = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        number = float("nan")
+    if not (number >= low and (high is None or number <= high)):
+        bound = f"between {low:g} and {high:g}" if high is not None else f">= {low:g}"
+        raise APIError(400, f"{name} must be a number {bound}", param=name, code="invalid_value")
+    return number
+
+
+def route_request(
+    request: Request, chat: ChatCompletionRequest, admission: Admission, tenant_weight
+) -> RouteRequest:
+    """What the router sees: sizes, the last user message, λ (request > header > tenant) or a target."""
+    metadata = chat.metadata or {}
+    weight = _float_param(
+        metadata.get("cost_weight", request.headers.get(COST_WEIGHT_HEADER)), "metadata.cost_weight", 0, None
     )
+    return RouteRequest(
+        prompt_chars=chat.prompt_chars(),
+        max_output_tokens=chat.output_budget(),
+        needs_tools=bool(chat.tools),
+        prefer_fewer_active_params=admission.prefer_fewer_active_params,
+        text=chat.last_user_text(),
+        turns=chat.user_turns(),
+        cost_weight=weight if weight is not None else tenant_weight,
+        min_quality=_float_param(metadata.get("min_quality"), "metadata.min_quality", 0, 1),
+    )
+
+
+async def decide(
+    state: AppState, route: RouteRequest, chat: ChatCompletionRequest, admission: Admission, router
+):
+    """The ordered workers to try, all from the pool, or the OpenAI error that explains why none."""
     worker = state.catalog.get(chat.model)
     if worker is not None:  # pinned by name: that worker or nothing
         if not admission.admits(worker.name):
@@ -116,18 +153,21 @@ def decide(state: AppState, chat: ChatCompletionRequest, admission: Admission) -
                 admission.data_class,
             )
             raise _denied(only, f"'{worker.name}'")
-        cost = state.router.route(route, (worker,)).predicted_cost_usd
+        cost = state.router.rules.route(route, (worker,)).predicted_cost_usd
         return RouteDecision((worker,), "pinned", "pinned by the request", cost)
     if not admission.pool:
         raise _denied(admission, "this request")
-    return state.router.route(route, admission.pool)
+    if router.name == "learned":  # embeds the query: CPU work off the event loop
+        return await asyncio.to_thread(router.route, route, admission.pool)
+    return router.route(route, admission.pool)
 
 
-def route_headers(request_id: str, decision: RouteDecision, admission: Admission) -> dict[str, str]:
+def route_headers(request_id: str, decision: RouteDecision, admission: Admission, router) -> dict[str, str]:
     return {
         **policy_headers(request_id, admission),
         "x-polyroute-strategy": decision.strategy,
         "x-polyroute-route-reason": decision.reason,
+        "x-polyroute-router-version": router.version,
     }
 
 
@@ -161,27 +201,83 @@ def final_error(failures: list[WorkerError]) -> APIError:
     )
 
 
+@dataclass
+class Exchange:
+    """One request's context from decision to ledger."""
+
+    request_id: str
+    tenant: str
+    chat: ChatCompletionRequest
+    admission: Admission
+    decision: RouteDecision
+    router_version: str
+    headers: dict[str, str]
+    started: float = field(default_factory=time.perf_counter)
+
+    def record(
+        self,
+        state: AppState,
+        worker: str | None,
+        status: int,
+        failures: list[WorkerError],
+        prompt_tokens: int = 0,
+        completion_tokens: int = 0,
+        cost: Decimal = Decimal(0),
+    ) -> None:
+        state.spend.record(self.tenant, cost)
+        state.ledger.record_request(
+            RequestRecord(
+                id=self.request_id,
+                tenant=self.tenant,
+                model=self.chat.model,
+                worker=worker,
+                strategy=self.decision.strategy,
+                status=status,
+                prompt_tokens=prompt_tokens,
+                completion_tokens=completion_tokens,
+                cost_micros=to_micros(cost),
+                latency_ms=round((time.perf_counter() - self.started) * 1000, 2),
+                policy_version=self.admission.policy_version,
+                router_version=self.router_version,
+                data_class=self.admission.data_class,
+                fallbacks=tuple(f.worker for f in failures),
+                query=storable_query(self.chat.last_user_text(), self.admission.data_class),
+                turns=self.chat.user_turns(),
+            )
+        )
+
+
 async def chat_completions(request: Request) -> Response:
     state: AppState = request.app.state.polyroute
-    started = time.perf_counter()
     request_id = "req_" + uuid.uuid4().hex
     headers = {"x-polyroute-request-id": request_id}
+    router = state.router.current  # one router for the whole request, even if a new model lands now
     try:
         key = state.auth.client(request)
         chat = await read_model(request, ChatCompletionRequest, state.settings.max_body_bytes)
         admission = admission_for(state, request, key.tenant, chat)
         headers = policy_headers(request_id, admission)
-        decision = decide(state, chat, admission)
+        tenant = state.policy.engine.policy.tenants.get(key.tenant) if state.policy.engine else None
+        route = route_request(request, chat, admission, tenant.cost_weight if tenant else None)
+        decision = await decide(state, route, chat, admission, router)
     except APIError as err:
         err.headers = {**headers, **err.headers}
         state.metrics.errors.labels(err.code or err.type).inc()
         state.metrics.requests.labels("-", "-", str(err.status)).inc()
         return error_response(err)
-    headers = route_headers(request_id, decision, admission)
+    exchange = Exchange(
+        request_id,
+        key.tenant,
+        chat,
+        admission,
+        decision,
+        router.version,
+        route_headers(request_id, decision, admission, router),
+    )
     log.debug("request %s tenant=%s -> %s", request_id, key.tenant, [w.name for w in decision.workers])
     if chat.stream:
-        return await _stream(state, key.tenant, chat, decision, headers, started)
-    return await _complete(state, key.tenant, chat, decision, headers, started)
+        return await _stream(state, exchange)
+    return await _complete(state, exchange)
 
 
 async def first_success(
@@ -206,38 +302,47 @@ def _answered_headers(headers: dict[str, str], worker: str, failures: list[Worke
     return headers
 
 
-async def _complete(state, tenant, chat, decision, headers, started) -> Response:
+async def _complete(state: AppState, ex: Exchange) -> Response:
     result, failures = await first_success(
-        state, decision, lambda worker, base: state.client.complete(worker, base, chat)
+        state, ex.decision, lambda worker, base: state.client.complete(worker, base, ex.chat)
     )
     if result is None:
-        return _failed(state, failures, decision, headers)
+        return _failed(state, ex, failures)
     assert isinstance(result, Completion)
-    headers = _answered_headers(headers, result.worker.name, failures)
+    headers = _answered_headers(ex.headers, result.worker.name, failures)
     headers["x-polyroute-cost-usd"] = format_cost(result.cost_usd)
-    state.spend.record(tenant, result.cost_usd)
-    state.metrics.requests.labels(result.worker.name, decision.strategy, "200").inc()
-    state.metrics.latency.labels("false").observe(time.perf_counter() - started)
+    ex.record(
+        state,
+        result.worker.name,
+        200,
+        failures,
+        result.prompt_tokens,
+        result.completion_tokens,
+        result.cost_usd,
+    )
+    state.metrics.requests.labels(result.worker.name, ex.decision.strategy, "200").inc()
+    state.metrics.latency.labels("false").observe(time.perf_counter() - ex.started)
     return Response(orjson.dumps(result.body), media_type="application/json", headers=headers)
 
 
-def _failed(state: AppState, failures: list[WorkerError], decision: RouteDecision, headers) -> Response:
+def _failed(state: AppState, ex: Exchange, failures: list[WorkerError]) -> Response:
     err = final_error(failures)
     worker = failures[-1].worker if failures else "-"
-    err.headers = {**headers, **err.headers, "x-polyroute-cost-usd": "0", "x-polyroute-worker": worker}
+    err.headers = {**ex.headers, **err.headers, "x-polyroute-cost-usd": "0", "x-polyroute-worker": worker}
+    ex.record(state, None, err.status, failures)
     state.metrics.errors.labels(err.code or err.type).inc()
-    state.metrics.requests.labels(worker, decision.strategy, str(err.status)).inc()
+    state.metrics.requests.labels(worker, ex.decision.strategy, str(err.status)).inc()
     return error_response(err)
 
 
-async def _stream(state, tenant, chat, decision, headers, started) -> Response:
+async def _stream(state: AppState, ex: Exchange) -> Response:
     stream, failures = await first_success(
-        state, decision, lambda worker, base: state.client.open_stream(worker, base, chat)
+        state, ex.decision, lambda worker, base: state.client.open_stream(worker, base, ex.chat)
     )
     if stream is None:
-        return _failed(state, failures, decision, headers)
+        return _failed(state, ex, failures)
     assert isinstance(stream, OpenStream)
-    headers = _answered_headers(headers, stream.worker.name, failures)
+    headers = _answered_headers(ex.headers, stream.worker.name, failures)
     # Headers leave before the answer: this is the prompt-side cost; the final usage chunk carries
     # the actual total under "polyroute".
     headers |= {
@@ -246,7 +351,7 @@ async def _stream(state, tenant, chat, decision, headers, started) -> Response:
         "cache-control": "no-cache",
         "x-accel-buffering": "no",
     }
-    body = _sse(state, tenant, stream, decision, started, include_usage=_wants_usage(chat))
+    body = _sse(state, ex, stream, failures, include_usage=_wants_usage(ex.chat))
     return StreamingResponse(body, media_type="text/event-stream", headers=headers)
 
 
@@ -255,12 +360,7 @@ def _wants_usage(chat: ChatCompletionRequest) -> bool:
 
 
 async def _sse(
-    state: AppState,
-    tenant: str,
-    stream: OpenStream,
-    decision: RouteDecision,
-    started: float,
-    include_usage: bool,
+    state: AppState, ex: Exchange, stream: OpenStream, failures: list[WorkerError], include_usage: bool
 ) -> AsyncIterator[bytes]:
     worker = stream.worker.name
     status = "200"
@@ -283,7 +383,16 @@ async def _sse(
         }
         yield b"data: " + orjson.dumps({"error": error}) + b"\n\n"
     finally:
-        state.spend.record(tenant, stream.cost_usd)  # what was streamed is spent, even if cut short
-        state.metrics.requests.labels(worker, decision.strategy, status).inc()
-        state.metrics.latency.labels("true").observe(time.perf_counter() - started)
+        # What was streamed is spent, even if cut short; the ledger marks a cut stream as 502.
+        ex.record(
+            state,
+            worker,
+            200 if status == "200" else 502,
+            failures,
+            stream.prompt_tokens,
+            stream.completion_tokens,
+            stream.cost_usd,
+        )
+        state.metrics.requests.labels(worker, ex.decision.strategy, status).inc()
+        state.metrics.latency.labels("true").observe(time.perf_counter() - ex.started)
     yield b"data: [DONE]\n\n"

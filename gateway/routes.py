@@ -3,18 +3,20 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import APIRouter, Request
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from starlette.responses import Response
 
 from gateway.body import read_body, read_model
 from gateway.completions import chat_completions
 from gateway.errors import APIError, JSONResponse
 from gateway.keys import KeyNotFound
+from gateway.ledger import FeedbackRecord
 from gateway.state import AppState
 from policies import PolicyError, PolicyRequest, PolicyRequestError, Worker
+from router import list_versions
 
 router = APIRouter()
 router.add_api_route("/v1/chat/completions", chat_completions, methods=["POST"], include_in_schema=True)
@@ -59,7 +61,7 @@ async def list_models(request: Request) -> JSONResponse:
             "object": "model",
             "created": 0,
             "owned_by": "polyroute",
-            "polyroute": {"available": bool(admission.pool), "router": state.router.name},
+            "polyroute": {"available": bool(admission.pool), "router": state.router.current.name},
         }
     ]
     engine = state.policy.engine
@@ -96,7 +98,7 @@ async def readyz(request: Request) -> JSONResponse:
         workers[name]["local"] = {"state": proc.state, "detail": proc.detail}
     policy = state.policy.status()
     ready = bool(admission.pool) and policy["in_force"]
-    body = {"ready": ready, "router": state.router.name, "policy": policy, "workers": workers}
+    body = {"ready": ready, "router": state.router.status(), "policy": policy, "workers": workers}
     return JSONResponse(body, status_code=200 if ready else 503)
 
 
@@ -252,3 +254,56 @@ async def admin_policy_explain(request: Request) -> JSONResponse:
     except PolicyRequestError as exc:
         raise APIError(400, str(exc), param="data_class", code="invalid_data_class") from None
     return JSONResponse({"tenant": body.tenant, "model": body.model, **admission.explain()})
+
+
+# ---- feedback and the router -----------------------------------------------------------------
+class Feedback(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    request_id: str = Field(min_length=1, max_length=64)
+    score: float | None = Field(None, ge=0, le=1, description="0 (bad) .. 1 (good)")
+    thumbs: Literal["up", "down"] | None = None
+    comment: str | None = Field(None, max_length=2000)
+
+    @model_validator(mode="after")
+    def _one_signal(self) -> Feedback:
+        if (self.score is None) == (self.thumbs is None):
+            raise ValueError("give exactly one of score (0..1) or thumbs ('up'/'down')")
+        return self
+
+    @property
+    def value(self) -> float:
+        if self.score is not None:
+            return self.score
+        return 1.0 if self.thumbs == "up" else 0.0
+
+
+@router.post("/v1/feedback", status_code=201)
+async def feedback(request: Request) -> JSONResponse:
+    """How good an answer was: stored in the ledger, joined to its request when the router retrains."""
+    state = _state(request)
+    key = state.auth.client(request)
+    body = await read_model(request, Feedback, 64 * 1024)
+    found = await asyncio.to_thread(state.ledger.lookup, body.request_id)
+    if found is None:
+        raise APIError(
+            404, f"no request with id {body.request_id!r}", type="not_found_error", code="request_not_found"
+        )
+    tenant, worker = found
+    if tenant != key.tenant:  # the same answer as an unknown id: ids of other tenants are not confirmed
+        raise APIError(
+            404, f"no request with id {body.request_id!r}", type="not_found_error", code="request_not_found"
+        )
+    state.ledger.record_feedback(FeedbackRecord(body.request_id, key.tenant, body.value, worker))
+    return JSONResponse(
+        {"request_id": body.request_id, "worker": worker, "score": body.value}, status_code=201
+    )
+
+
+@router.get("/admin/router")
+async def admin_router(request: Request) -> JSONResponse:
+    """The router in force, the model versions on disk, and the last load error if any."""
+    state = _state(request)
+    state.auth.admin(request)
+    versions = await asyncio.to_thread(list_versions, state.router.root)
+    return JSONResponse({**state.router.status(), "versions": versions})

@@ -145,6 +145,16 @@ class ChatCompletionRequest(BaseModel):
         """Every text the workers would see (for data-class detection)."""
         return tuple(text for m in self.messages for text in m.texts())
 
+    def last_user_text(self) -> str:
+        """The query the router reads: the last user message (its text parts joined)."""
+        for message in reversed(self.messages):
+            if message.role == "user":
+                return " ".join(message.texts())
+        return ""
+
+    def user_turns(self) -> int:
+        return max(1, sum(1 for m in self.messages if m.role == "user"))
+
     def metadata_str(self, key: str) -> str | None:
         value = (self.metadata or {}).get(key)
         return value if isinstance(value, str) else None

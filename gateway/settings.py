@@ -27,6 +27,13 @@ class Settings(BaseModel):
     retries: int = Field(2, ge=0, le=10, description="retries per worker on 429/5xx/timeouts")
     retry_backoff_s: float = Field(0.25, ge=0)
     key_reload_interval_s: float = Field(1.0, ge=0)
+    router_dir: Path | None = Field(
+        None, description="None: <data_dir>/router (models from `polyroute router train`)"
+    )
+    router_reload_interval_s: float = Field(1.0, gt=0)
+    cost_weight: float = Field(0.5, ge=0, description="default λ of the learned router (quality − λ·cost)")
+    exploration: float = Field(0.0, ge=0, le=0.5, description="share of traffic for under-observed workers")
+    exploration_min_examples: int = Field(50, ge=1)
 
     @classmethod
     def from_env(cls, env: dict[str, str] | os._Environ[str] = os.environ, **overrides) -> Settings:

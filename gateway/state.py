@@ -10,8 +10,10 @@ from pathlib import Path
 
 from gateway.auth import Authenticator
 from gateway.keys import FileKeyStore
+from gateway.ledger import Ledger
 from gateway.local_worker import LocalWorkerProcess
 from gateway.metrics import Metrics
+from gateway.router_state import RouterHolder
 from gateway.settings import Settings
 from gateway.spend import SpendStore
 from gateway.upstream import WorkerClient
@@ -25,7 +27,6 @@ from policies import (
     admit,
     load_catalog,
 )
-from router import CheapestRouter
 
 log = logging.getLogger("polyroute.gateway")
 
@@ -35,11 +36,12 @@ class AppState:
     settings: Settings
     catalog: Catalog
     auth: Authenticator
-    router: CheapestRouter
+    router: RouterHolder
     metrics: Metrics
     client: WorkerClient
     policy: PolicySource
     spend: SpendStore
+    ledger: Ledger
     local: dict[str, LocalWorkerProcess] = field(default_factory=dict)
 
     def down_workers(self) -> dict[str, str]:
@@ -100,11 +102,17 @@ def build_state(settings: Settings, catalog: Catalog | None = None) -> AppState:
         settings=settings,
         catalog=catalog,
         auth=Authenticator(store, settings.admin_key),
-        router=CheapestRouter(),
+        router=RouterHolder(
+            settings.router_dir or data_dir / "router",
+            settings.cost_weight,
+            settings.exploration,
+            settings.exploration_min_examples,
+        ),
         metrics=metrics,
         client=WorkerClient(metrics, retries=settings.retries, backoff_s=settings.retry_backoff_s),
         policy=policy,
         spend=SpendStore(data_dir / "spend.json"),
+        ledger=Ledger(data_dir / "ledger.jsonl"),
     )
     if settings.local_workers:
         for worker in catalog.workers:

@@ -101,6 +101,9 @@ class Budget(Strict):
 class Tenant(Strict):
     data_class: str | None = Field(None, description="the class of every request of this tenant, at least")
     budget: Budget = Budget()
+    cost_weight: float | None = Field(
+        None, ge=0, description="this tenant's default λ for the learned router (quality − λ·cost)"
+    )
 
 
 class Detection(Strict):

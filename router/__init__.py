@@ -1,9 +1,46 @@
-"""router/: picks the worker (or, later, the workflow) for each request from the admissible pool.
+"""router/: picks the worker for each request from the admissible pool.
 
-Imports policies for types only. The learned router replaces CheapestRouter as the default once a
-trained model is loaded; CheapestRouter stays as the fallback.
+The learned router (per-worker quality models over query features, quality − λ·cost) is used
+when a trained model is in force; the rule-based CheapestRouter serves otherwise and is the
+fallback when a model cannot be loaded. Imports policies for types only; heavy ML imports are
+deferred to training and to the first prediction.
 """
 
+from router.artifacts import (
+    RouterArtifact,
+    RouterLoadError,
+    activate_version,
+    list_versions,
+    load_current,
+    load_version,
+    read_pointer,
+    rollback,
+    save_artifact,
+)
+from router.decide import Choice, Estimate, choose
+from router.learned import LearnedRouter
 from router.rules import CheapestRouter, RouteDecision, RouteRequest, estimate_cost
+from router.training import feature_builder_for, ledger_dataset, train_artifact
 
-__all__ = ["CheapestRouter", "RouteDecision", "RouteRequest", "estimate_cost"]
+__all__ = [
+    "CheapestRouter",
+    "Choice",
+    "Estimate",
+    "LearnedRouter",
+    "RouteDecision",
+    "RouteRequest",
+    "RouterArtifact",
+    "RouterLoadError",
+    "activate_version",
+    "choose",
+    "estimate_cost",
+    "feature_builder_for",
+    "ledger_dataset",
+    "list_versions",
+    "load_current",
+    "load_version",
+    "read_pointer",
+    "rollback",
+    "save_artifact",
+    "train_artifact",
+]

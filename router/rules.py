@@ -20,6 +20,10 @@ class RouteRequest:
     max_output_tokens: int | None = None
     needs_tools: bool = False
     prefer_fewer_active_params: float = 0.0  # the policy's preference, 0..1
+    text: str = ""  # the query the learned router reads (the last user message)
+    turns: int = 1
+    cost_weight: float | None = None  # λ for this request; None: the tenant's or the router's default
+    min_quality: float | None = None  # a target instead of λ: cheapest worker predicted to reach it
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +38,15 @@ def estimate_cost(worker: Worker, request: RouteRequest) -> Decimal:
     return predicted_cost(worker, request.prompt_chars, request.max_output_tokens)
 
 
+def tool_capable(request: RouteRequest, pool: tuple[Worker, ...]) -> tuple[list[Worker], bool]:
+    """With tools in the request, only tool-capable workers — unless none is (then all, and say so)."""
+    if request.needs_tools:
+        capable = [w for w in pool if "tools" in w.capabilities]
+        if capable:
+            return capable, True
+    return list(pool), False
+
+
 class CheapestRouter:
     """Ranks the admissible pool by predicted cost; ties go to fewer active parameters, then name.
 
@@ -43,12 +56,12 @@ class CheapestRouter:
     """
 
     name = "rules-cheapest"
+    version = "rules"
 
     def route(self, request: RouteRequest, pool: tuple[Worker, ...]) -> RouteDecision:
         if not pool:
             raise ValueError("the admissible pool is empty; the gateway must not call the router")
-        candidates = [w for w in pool if "tools" in w.capabilities] if request.needs_tools else []
-        ranked_pool = candidates or list(pool)
+        ranked_pool, candidates = tool_capable(request, pool)
         costs = {w.name: estimate_cost(w, request) for w in ranked_pool}
         weight = request.prefer_fewer_active_params
         max_cost = max(costs.values()) or Decimal(1)

@@ -1,0 +1,136 @@
+"""Router model files: versioned artifacts with a model card, and a pointer to the one in force.
+
+Layout under the router dir (default `<data dir>/router/`):
+    <version>/model.joblib   the fitted quality model + what is needed to use it
+    <version>/card.json      data, metrics, features, workers, date — readable without loading
+    current.json             {"version": ..., "previous": ...}; the gateway watches this file
+Switching versions is a rewrite of current.json (atomic rename), so a gateway never reads a
+half-written model; the previous version stays on disk for `polyroute router rollback`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import joblib
+
+FORMAT = 1
+CURRENT = "current.json"
+
+
+class RouterLoadError(RuntimeError):
+    """A model file is missing, corrupt or does not match this gateway; the message says which."""
+
+
+@dataclass
+class RouterArtifact:
+    workers: list[str]  # column order of the quality model's predictions (catalog worker names)
+    features: dict[str, Any]  # FeatureBuilder.describe(): how queries become features
+    model: Any  # fitted quality model: predict(X) -> [n, len(workers)]
+    output_tokens: dict[str, float]  # expected completion tokens per worker (median of history)
+    observed: dict[str, int]  # labelled examples per worker (for exploration and cold start)
+    tier_prior: dict[str, float] = field(default_factory=dict)  # mean quality per tier, for unknown workers
+    card: dict[str, Any] = field(default_factory=dict)
+    version: str = ""
+    format: int = FORMAT
+
+
+def new_version(payload: bytes) -> str:
+    return time.strftime("%Y%m%d-%H%M%S") + "-" + hashlib.sha256(payload).hexdigest()[:6]
+
+
+def _write_json(path: Path, data: dict) -> None:
+    tmp = path.with_suffix(f".tmp.{os.getpid()}")
+    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
+    os.replace(tmp, path)
+
+
+def read_pointer(root: Path) -> dict:
+    try:
+        return json.loads((Path(root) / CURRENT).read_text())
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as exc:
+        raise RouterLoadError(f"{Path(root) / CURRENT}: unreadable ({exc})") from exc
+
+
+def save_artifact(root: Path, artifact: RouterArtifact, activate: bool = True) -> Path:
+    """Write model and card into a new version directory; optionally make it current."""
+    root = Path(root)
+    if not artifact.version:
+        artifact.version = new_version(json.dumps(artifact.card, sort_keys=True, default=str).encode())
+    directory = root / artifact.version
+    directory.mkdir(parents=True, exist_ok=False)
+    joblib.dump(artifact, directory / "model.joblib", compress=3)
+    card = {
+        **artifact.card,
+        "version": artifact.version,
+        "workers": artifact.workers,
+        "features": artifact.features,
+        "observed": artifact.observed,
+        "format": artifact.format,
+    }
+    _write_json(directory / "card.json", card)
+    if activate:
+        activate_version(root, artifact.version)
+    return directory
+
+
+def activate_version(root: Path, version: str) -> None:
+    root = Path(root)
+    if not (root / version / "model.joblib").is_file():
+        raise RouterLoadError(f"no router model version {version!r} under {root}")
+    previous = read_pointer(root).get("version")
+    _write_json(root / CURRENT, {"version": version, "previous": previous if previous != version else None})
+
+
+def rollback(root: Path) -> str:
+    pointer = read_pointer(Path(root))
+    previous = pointer.get("previous")
+    if not previous:
+        raise RouterLoadError("no previous router version to roll back to")
+    activate_version(Path(root), previous)
+    return previous
+
+
+def load_version(root: Path, version: str) -> RouterArtifact:
+    path = Path(root) / version / "model.joblib"
+    try:
+        artifact = joblib.load(path)
+    except FileNotFoundError:
+        raise RouterLoadError(f"{path}: model file is missing") from None
+    except Exception as exc:  # joblib/pickle raise many types for a damaged file
+        raise RouterLoadError(f"{path}: cannot load model ({type(exc).__name__}: {exc})") from None
+    if not isinstance(artifact, RouterArtifact):
+        raise RouterLoadError(f"{path}: not a polyroute router model (found {type(artifact).__name__})")
+    if artifact.format != FORMAT:
+        raise RouterLoadError(f"{path}: model format {artifact.format}, this gateway reads {FORMAT}")
+    if not hasattr(artifact.model, "predict") or not artifact.workers:
+        raise RouterLoadError(f"{path}: model has no predict() or no workers")
+    artifact.version = version
+    return artifact
+
+
+def load_current(root: Path) -> RouterArtifact | None:
+    """The artifact current.json points to; None when no model was ever trained."""
+    version = read_pointer(Path(root)).get("version")
+    return load_version(Path(root), version) if version else None
+
+
+def list_versions(root: Path) -> list[dict]:
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    cards = []
+    for card in sorted(root.glob("*/card.json")):
+        try:
+            cards.append(json.loads(card.read_text()))
+        except (OSError, ValueError):
+            cards.append({"version": card.parent.name, "error": "unreadable card"})
+    return cards

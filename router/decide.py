@@ -1,0 +1,67 @@
+"""The routing decision: maximize predicted quality − λ·cost over the admissible pool.
+
+Cost enters normalized by the most expensive worker in the pool, so λ is unitless and means the
+same whatever the prices: λ = 0 picks the best predicted quality regardless of cost; λ = 1 lets
+the most expensive worker win only if it is predicted a full 1.0 (0 → 1) better than a free one.
+A target (`min_quality`) instead picks the cheapest worker predicted to reach it, or the best
+predicted worker when none does. Ties go to the cheaper worker, then fewer active parameters,
+then the name, so the decision is deterministic. Workers the model has never seen get a prior
+(from their tier, else the mean of known workers) and are named as such in the reason.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from decimal import Decimal
+
+
+@dataclass(frozen=True, slots=True)
+class Estimate:
+    worker: str
+    quality: float  # predicted P(success), or the prior for an unknown worker
+    cost_usd: Decimal
+    active_params_b: float | None = None
+    known: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class Choice:
+    ranked: tuple[Estimate, ...]  # best first; the rest are fallbacks in order
+    reason: str
+
+
+def _tiebreak(e: Estimate) -> tuple:
+    return (e.cost_usd, e.active_params_b if e.active_params_b is not None else float("inf"), e.worker)
+
+
+def utility(e: Estimate, cost_weight: float, max_cost: Decimal) -> float:
+    normalized = float(e.cost_usd / max_cost) if max_cost > 0 else 0.0
+    return e.quality - cost_weight * normalized
+
+
+def choose(estimates: list[Estimate], cost_weight: float, min_quality: float | None = None) -> Choice:
+    if not estimates:
+        raise ValueError("no worker to choose from")
+    if cost_weight < 0:
+        raise ValueError("cost_weight must be >= 0")
+    max_cost = max(e.cost_usd for e in estimates)
+    if min_quality is not None:
+        reaching = sorted((e for e in estimates if e.quality >= min_quality), key=_tiebreak)
+        rest = sorted(
+            (e for e in estimates if e.quality < min_quality), key=lambda e: (-e.quality, *_tiebreak(e))
+        )
+        ranked = tuple(reaching + rest)
+        top = ranked[0]
+        if reaching:
+            reason = f"cheapest predicted to reach quality {min_quality:g} (q={top.quality:.3f}, ${top.cost_usd:.6f})"
+        else:
+            reason = f"none predicted to reach {min_quality:g}; best predicted (q={top.quality:.3f})"
+    else:
+        ranked = tuple(
+            sorted(estimates, key=lambda e: (-round(utility(e, cost_weight, max_cost), 12), *_tiebreak(e)))
+        )
+        top = ranked[0]
+        reason = f"max quality - {cost_weight:g}*cost (q={top.quality:.3f}, ${top.cost_usd:.6f})"
+    if not top.known:
+        reason += "; no data for this worker yet, prior used"
+    return Choice(ranked, reason)

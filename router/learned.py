@@ -1,0 +1,95 @@
+"""The learned router: per query, predicted quality and cost per admissible worker → one worker.
+
+Workers are black boxes: the model only knows, from past labelled queries, how likely each worker
+was to answer well. The pool comes from the policy engine and is never widened here; workers the
+model has not seen get a prior. A small, bounded share of traffic may go to under-observed
+workers (exploration, off by default) so the model can learn about them.
+"""
+
+from __future__ import annotations
+
+import random
+from decimal import Decimal
+from typing import Any
+
+import numpy as np
+
+from policies import Worker, estimate_tokens
+from router.artifacts import RouterArtifact
+from router.decide import Estimate, choose
+from router.rules import RouteDecision, RouteRequest, tool_capable
+
+DEFAULT_COST_WEIGHT = 0.5
+
+
+class LearnedRouter:
+    name = "learned"
+
+    def __init__(
+        self,
+        artifact: RouterArtifact,
+        features: Any,  # a FeatureBuilder: transform(texts, turns) -> [n, d]
+        default_cost_weight: float = DEFAULT_COST_WEIGHT,
+        exploration: float = 0.0,
+        min_examples: int = 50,
+        seed: int | None = None,
+    ) -> None:
+        if not 0 <= exploration <= 0.5:
+            raise ValueError("exploration must be between 0 and 0.5")
+        self.artifact = artifact
+        self.features = features
+        self.default_cost_weight = default_cost_weight
+        self.exploration = exploration
+        self.min_examples = min_examples
+        self._rng = random.Random(seed)
+        self._column = {name: i for i, name in enumerate(artifact.workers)}
+
+    @property
+    def version(self) -> str:
+        return self.artifact.version
+
+    def predict_quality(self, text: str, turns: int = 1) -> dict[str, float]:
+        x = self.features.transform([text], [turns])
+        row = np.asarray(self.artifact.model.predict(x))[0]
+        return {name: float(row[i]) for name, i in self._column.items()}
+
+    def _prior(self, worker: Worker, known: dict[str, float]) -> float:
+        prior = self.artifact.tier_prior.get(worker.tier.value)
+        if prior is None:
+            prior = float(np.mean(list(known.values()))) if known else 0.5
+        return prior
+
+    def estimates(self, request: RouteRequest, pool: list[Worker]) -> list[Estimate]:
+        quality = self.predict_quality(request.text, request.turns)
+        prompt_tokens, _ = estimate_tokens(request.prompt_chars, request.max_output_tokens)
+        out: list[Estimate] = []
+        for worker in pool:
+            expected = self.artifact.output_tokens.get(worker.name) or estimate_tokens(0, None)[1]
+            if request.max_output_tokens:
+                expected = min(expected, request.max_output_tokens)
+            cost = worker.cost_usd(prompt_tokens, int(round(expected)))
+            known = worker.name in quality
+            q = quality[worker.name] if known else self._prior(worker, quality)
+            out.append(Estimate(worker.name, q, cost, worker.active_params_b, known))
+        return out
+
+    def route(self, request: RouteRequest, pool: tuple[Worker, ...]) -> RouteDecision:
+        if not pool:
+            raise ValueError("the admissible pool is empty; the gateway must not call the router")
+        candidates, tools_only = tool_capable(request, pool)
+        by_name = {w.name: w for w in candidates}
+        cost_weight = self.default_cost_weight if request.cost_weight is None else request.cost_weight
+        choice = choose(self.estimates(request, candidates), cost_weight, request.min_quality)
+        ranked = [by_name[e.worker] for e in choice.ranked]
+        strategy, reason = "fast", choice.reason
+        if self.exploration and self._rng.random() < self.exploration:
+            under = [w for w in ranked if self.artifact.observed.get(w.name, 0) < self.min_examples]
+            if under:
+                pick = self._rng.choice(under)
+                ranked = [pick, *(w for w in ranked if w is not pick)]
+                strategy = "explore"
+                reason = f"exploration: {pick.name} has fewer than {self.min_examples} labelled examples"
+        if tools_only:
+            reason += ", tool-capable"
+        top = next(e for e in choice.ranked if e.worker == ranked[0].name)
+        return RouteDecision(tuple(ranked), strategy, reason, Decimal(top.cost_usd))

@@ -1,0 +1,134 @@
+"""Training router models: from a labelled dataset or from the ledger's feedback, into an artifact.
+
+Heavy imports (sentence-transformers, LightGBM) happen inside the functions, so importing the
+router package stays cheap for the gateway's start and the CLI's help.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from router.artifacts import RouterArtifact, RouterLoadError
+
+MODEL_CHOICES = ("auto", "logreg", "lightgbm", "mf", "knn")
+AUTO_CANDIDATES = ("logreg", "lightgbm")
+
+_embedders: dict[tuple[str, int], Any] = {}
+_embedders_lock = threading.Lock()
+
+
+def shared_embedder(backend: str, max_seq_length: int = 128):
+    """One embedder per process and configuration, so a hot-swapped model keeps the embedding cache."""
+    from router.features import Embedder
+
+    key = (backend, max_seq_length)
+    with _embedders_lock:
+        if key not in _embedders:
+            _embedders[key] = Embedder(backend=backend, max_seq_length=max_seq_length)
+        return _embedders[key]
+
+
+def feature_builder(backend: str, max_seq_length: int = 128, lexical: bool = True):
+    from router.features import FeatureBuilder
+
+    return FeatureBuilder(shared_embedder(backend, max_seq_length), use_lexical=lexical)
+
+
+def feature_builder_for(description: dict[str, Any]):
+    """Rebuild the features a model was trained on; refuse a model this gateway cannot feed."""
+    try:
+        builder = feature_builder(
+            description["backend"],
+            int(description.get("max_seq_length", 128)),
+            bool(description.get("lexical", True)),
+        )
+    except (KeyError, ValueError, TypeError) as exc:
+        raise RouterLoadError(f"model card has unusable features {description!r}: {exc}") from None
+    if builder.describe() != description:
+        raise RouterLoadError(
+            f"feature mismatch: the model was trained on {description}, this gateway builds {builder.describe()}"
+        )
+    return builder
+
+
+def fit_quality(X: np.ndarray, labels: np.ndarray, model: str = "auto", random_state: int = 0):
+    from router.quality import select_quality_model
+
+    if model not in MODEL_CHOICES:
+        raise ValueError(f"unknown model {model!r}; choose one of {', '.join(MODEL_CHOICES)}")
+    candidates = AUTO_CANDIDATES if model == "auto" else (model,)
+    return select_quality_model(X, labels, candidates=candidates, random_state=random_state)
+
+
+def train_artifact(
+    texts: Sequence[str],
+    turns: Sequence[int],
+    labels: np.ndarray,
+    workers: Sequence[str],
+    *,
+    backend: str = "static",
+    model: str = "auto",
+    output_tokens: dict[str, float] | None = None,
+    tiers: dict[str, str] | None = None,
+    sources: dict[str, Any] | None = None,
+    progress: bool = False,
+    random_state: int = 0,
+) -> RouterArtifact:
+    """Fit a quality model on (texts × workers) labels and package it with its model card."""
+    labels = np.asarray(labels, dtype=float)
+    if labels.shape != (len(texts), len(workers)):
+        raise ValueError(f"labels must be {len(texts)} × {len(workers)}, got {labels.shape}")
+    started = time.time()
+    builder = feature_builder(backend)
+    X = builder.transform(list(texts), list(turns), progress=progress)
+    fitted, report = fit_quality(X, labels, model, random_state)
+    observed = {w: int(np.sum(~np.isnan(labels[:, i]))) for i, w in enumerate(workers)}
+    tier_prior: dict[str, float] = {}
+    for tier in set((tiers or {}).values()):
+        columns = [i for i, w in enumerate(workers) if (tiers or {}).get(w) == tier]
+        values = labels[:, columns]
+        if np.any(~np.isnan(values)):
+            tier_prior[tier] = float(np.nanmean(values))
+    card = {
+        "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "data": sources or {},
+        "rows": len(texts),
+        "model": report.get("chosen", model),
+        "selection": report,
+        "train_seconds": round(time.time() - started, 1),
+        "random_state": random_state,
+    }
+    return RouterArtifact(
+        workers=list(workers),
+        features=builder.describe(),
+        model=fitted,
+        output_tokens=dict(output_tokens or {}),
+        observed=observed,
+        tier_prior=tier_prior,
+        card=card,
+    )
+
+
+def ledger_dataset(rows: list[dict]) -> tuple[list[str], list[int], np.ndarray, list[str]]:
+    """Feedback rows (query, turns, worker, score) → texts, turns, labels [n, k] with NaN, workers."""
+    if not rows:
+        raise ValueError("the ledger holds no request with both a stored query and feedback")
+    workers = sorted({r["worker"] for r in rows})
+    column = {w: i for i, w in enumerate(workers)}
+    index: dict[str, int] = {}
+    texts: list[str] = []
+    turns: list[int] = []
+    for row in rows:
+        if row["query"] not in index:
+            index[row["query"]] = len(texts)
+            texts.append(row["query"])
+            turns.append(int(row.get("turns", 1)))
+    labels = np.full((len(texts), len(workers)), np.nan)
+    for row in rows:
+        labels[index[row["query"]], column[row["worker"]]] = float(row["score"])
+    return texts, turns, labels, workers
