@@ -22,6 +22,15 @@ keys_app = typer.Typer(help="Create, list and revoke API keys (stored hashed in 
 app.add_typer(keys_app, name="keys")
 policies_app = typer.Typer(help="Validate a policy file and explain its decisions.")
 app.add_typer(policies_app, name="policies")
+router_app = typer.Typer(help="Train, evaluate, inspect and roll back the learned router.")
+app.add_typer(router_app, name="router")
+
+DEFAULT_ROUTELLM = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "routellm"
+Backend = Annotated[str, typer.Option(help="query embedding: static (fast) or transformer (MiniLM forward)")]
+ModelKind = Annotated[
+    str,
+    typer.Option(help="quality model: auto (logreg vs lightgbm on validation), logreg, lightgbm, mf, knn"),
+]
 console = Console(stderr=True)
 
 DataDir = Annotated[
@@ -277,6 +286,198 @@ def policies_explain(
     for exclusion in admission.excluded:
         table.add_row(exclusion.worker, "[red]no[/]", exclusion.rule, exclusion.reason)
     out.print(table)
+
+
+def _router_dir(router_dir: Path | None, data_dir: Path | None) -> Path:
+    return router_dir or Path(os.environ.get("POLYROUTE_ROUTER_DIR") or _data_dir(data_dir) / "router")
+
+
+def _routellm_root(data: Path | None) -> Path:
+    root = data or Path(os.environ.get("POLYROUTE_ROUTELLM_DATA") or DEFAULT_ROUTELLM)
+    if not root.is_dir():
+        console.print(f"[red]no RouteLLM data at {root}[/] (give --data PATH)")
+        raise typer.Exit(2)
+    return root
+
+
+@router_app.command("train")
+def router_train(
+    dataset: Annotated[str | None, typer.Option(help="a labelled dataset: routellm")] = None,
+    data: Annotated[
+        Path | None, typer.Option(help="dataset folder [default: ../shared/data/routellm]")
+    ] = None,
+    from_ledger: Annotated[
+        bool, typer.Option("--from-ledger", help="train on the ledger's feedback")
+    ] = False,
+    map_: Annotated[
+        list[str] | None, typer.Option("--map", help="DATASET_WORKER=CATALOG_WORKER, repeatable")
+    ] = None,
+    backend: Backend = "static",
+    model: ModelKind = "auto",
+    seed: int = 0,
+    activate: Annotated[
+        bool, typer.Option("--activate/--no-activate", help="put the new model in force")
+    ] = True,
+    workers_file: Annotated[Path | None, typer.Option(help="worker catalog YAML (tiers for priors)")] = None,
+    router_dir: Annotated[Path | None, typer.Option(help="model store [default: <data dir>/router]")] = None,
+    data_dir: DataDir = None,
+) -> None:
+    """Train a quality model and save it as a new version; a running gateway swaps to it."""
+    import numpy as np
+
+    from gateway.ledger import Ledger, training_rows
+    from policies import load_catalog
+    from router import ledger_dataset, save_artifact, train_artifact
+
+    if bool(dataset) == from_ledger:
+        console.print("[red]give exactly one of --dataset routellm or --from-ledger[/]")
+        raise typer.Exit(2)
+    if dataset is not None and dataset != "routellm":
+        console.print(f"[red]unknown dataset {dataset!r}[/] (known: routellm)")
+        raise typer.Exit(2)
+    renames = {}
+    for item in map_ or []:
+        source, sep, target = item.partition("=")
+        if not sep or not source or not target:
+            console.print(f"[red]--map takes DATASET_WORKER=CATALOG_WORKER, got {item!r}[/]")
+            raise typer.Exit(2)
+        renames[source] = target
+    output_tokens: dict[str, float] = {}
+    if from_ledger:
+        ledger = Ledger(_data_dir(data_dir) / "ledger.jsonl")
+        records = list(ledger.records())
+        ledger.close()
+        try:
+            texts, turns, labels, workers = ledger_dataset(training_rows(iter(records)))
+        except ValueError as exc:
+            console.print(f"[red]{exc}[/]")
+            raise typer.Exit(1) from None
+        for worker in workers:
+            tokens = [
+                r["completion_tokens"]
+                for r in records
+                if r.get("type") == "request" and r.get("worker") == worker and r.get("status") == 200
+            ]
+            if tokens:
+                output_tokens[worker] = float(np.median(tokens))
+        sources = {"ledger": str(_data_dir(data_dir) / "ledger.jsonl"), "rows": len(texts)}
+    else:
+        from router.datasets import load_routellm
+
+        root = _routellm_root(data)
+        ds = load_routellm(root, parts=("mmlu", "gsm8k"))
+        texts, turns, labels = ds.texts, ds.turns, ds.labels
+        workers = [renames.get(w, w) for w in ds.workers]
+        sources = {"dataset": "routellm", "path": str(root), "parts": ["mmlu", "gsm8k"], "renamed": renames}
+    try:
+        catalog = load_catalog(workers_file)
+        tiers = {w.name: w.tier.value for w in catalog.workers if w.name in workers}
+    except Exception:  # priors are optional; training must not depend on the catalog
+        tiers = {}
+    console.print(
+        f"training on {len(texts)} queries × {len(workers)} workers ({', '.join(workers)}), "
+        f"backend {backend}, model {model}"
+    )
+    try:
+        artifact = train_artifact(
+            texts,
+            turns,
+            labels,
+            workers,
+            backend=backend,
+            model=model,
+            output_tokens=output_tokens,
+            tiers=tiers,
+            sources=sources,
+            progress=True,
+            random_state=seed,
+        )
+    except ValueError as exc:
+        console.print(f"[red]{exc}[/]")
+        raise typer.Exit(1) from None
+    directory = save_artifact(_router_dir(router_dir, data_dir), artifact, activate=activate)
+    chosen = artifact.card.get("model")
+    console.print(
+        f"[green]saved[/] router {artifact.version} ({chosen}) in {directory}"
+        + (" — now in force" if activate else " — not activated")
+    )
+
+
+@router_app.command("status")
+def router_status(
+    router_dir: Annotated[Path | None, typer.Option(help="model store [default: <data dir>/router]")] = None,
+    data_dir: DataDir = None,
+) -> None:
+    """The version in force, the previous one, and every version on disk with its card."""
+    from router import list_versions, read_pointer
+
+    root = _router_dir(router_dir, data_dir)
+    pointer = read_pointer(root)
+    out = Console()
+    out.print(
+        f"router dir {root}: in force [bold]{pointer.get('version') or 'none (rule-based router)'}[/], "
+        f"previous {pointer.get('previous') or '-'}"
+    )
+    table = Table("version", "model", "rows", "workers", "created")
+    for card in list_versions(root):
+        table.add_row(
+            card.get("version", "?"),
+            str(card.get("model", "?")),
+            str(card.get("rows", "?")),
+            ", ".join(card.get("workers", [])),
+            str(card.get("created_at", "?")),
+        )
+    out.print(table)
+
+
+@router_app.command("rollback")
+def router_rollback(
+    router_dir: Annotated[Path | None, typer.Option(help="model store [default: <data dir>/router]")] = None,
+    data_dir: DataDir = None,
+) -> None:
+    """Put the previous model back in force (a running gateway swaps within a second)."""
+    from router import RouterLoadError, rollback
+
+    try:
+        version = rollback(_router_dir(router_dir, data_dir))
+    except RouterLoadError as exc:
+        console.print(f"[red]{exc}[/]")
+        raise typer.Exit(1) from None
+    console.print(f"router {version} is in force again")
+
+
+@router_app.command("eval")
+def router_eval(
+    dataset: Annotated[str, typer.Option(help="routellm")] = "routellm",
+    data: Annotated[
+        Path | None, typer.Option(help="dataset folder [default: ../shared/data/routellm]")
+    ] = None,
+    backend: Backend = "static",
+    model: ModelKind = "auto",
+    seed: int = 0,
+    out: Annotated[Path | None, typer.Option(help="result JSON")] = None,
+    plot: Annotated[Path | None, typer.Option(help="curves PNG")] = None,
+) -> None:
+    """Train on a split, evaluate on held-out data (APGR, CPT, baselines); JSON + PNG under bench/results/."""
+    if dataset != "routellm":
+        console.print(f"[red]unknown dataset {dataset!r}[/] (known: routellm)")
+        raise typer.Exit(2)
+    from router.datasets import RoutingDataset
+    from router.evaluate import run_routellm_eval
+    from router.training import feature_builder, fit_quality
+
+    results = Path("bench/results")
+    out = out or results / f"router_eval_{dataset}.json"
+    plot = plot or out.with_suffix(".png")
+    builder = feature_builder(backend)
+
+    def fit_predict(train: RoutingDataset, test: RoutingDataset):
+        X_train = builder.transform(train.texts, train.turns, progress=True)
+        fitted, _ = fit_quality(X_train, train.labels, model, seed)
+        return fitted.predict(builder.transform(test.texts, test.turns, progress=True))
+
+    run_routellm_eval(fit_predict, _routellm_root(data), out, plot, seed=seed)
+    console.print(f"wrote {out} and {plot}")
 
 
 if __name__ == "__main__":

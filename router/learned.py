@@ -54,9 +54,12 @@ class LearnedRouter:
         return {name: float(row[i]) for name, i in self._column.items()}
 
     def _prior(self, worker: Worker, known: dict[str, float]) -> float:
+        """An unseen worker: its tier's mean quality if training saw that tier, else no better than
+        the worst known worker for this query — pessimistic, so a free unknown model does not win
+        everything on price; exploration and feedback are how it earns a better estimate."""
         prior = self.artifact.tier_prior.get(worker.tier.value)
         if prior is None:
-            prior = float(np.mean(list(known.values()))) if known else 0.5
+            prior = min(known.values()) if known else 0.5
         return prior
 
     def estimates(self, request: RouteRequest, pool: list[Worker]) -> list[Estimate]:
