@@ -87,6 +87,12 @@ def main() -> None:
     parser.add_argument("--train-rows", type=int, default=3000)
     parser.add_argument("--backends", default="static,transformer")
     parser.add_argument("--models", default="logreg,lightgbm")
+    parser.add_argument(
+        "--lightgbm-max-workers",
+        type=int,
+        default=10,
+        help="LightGBM fits one calibrated booster per worker: slow",
+    )
     args = parser.parse_args()
     rng = np.random.default_rng(0)
     ds = load_routellm(args.data, parts=("mmlu", "gsm8k"))
@@ -99,6 +105,8 @@ def main() -> None:
     for backend in args.backends.split(","):
         for model in args.models.split(","):
             for n in (2, 10, 50):
+                if model == "lightgbm" and n > args.lightgbm_max_workers:
+                    continue
                 cat = catalog(n)
                 artifact = train_artifact(
                     texts,

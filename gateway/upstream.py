@@ -232,7 +232,7 @@ class WorkerClient:
     def _retrying(self) -> AsyncRetrying:
         return AsyncRetrying(
             stop=stop_after_attempt(self.retries + 1),
-            wait=wait_exponential_jitter(initial=self.backoff_s, max=4.0),
+            wait=wait_exponential_jitter(initial=self.backoff_s, max=4.0, jitter=self.backoff_s),
             retry=retry_if_exception(_is_retryable),
             reraise=True,
         )
