@@ -53,6 +53,7 @@ test-fast: $(STAMP)
 bench: $(STAMP)
 	$(PY) bench/overhead.py
 	$(PY) bench/policy.py
+	$(PY) bench/router.py
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

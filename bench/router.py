@@ -121,7 +121,13 @@ def main() -> None:
                 pool = cat.workers
                 router.route(RouteRequest(len(QUERY), text=QUERY), pool)  # load the embedder and warm up
                 cold_runs = max(20, args.runs // 4) if backend == "transformer" else args.runs
-                cold = timed(router, lambda i: RouteRequest(len(QUERY), text=f"{i} {QUERY}"), pool, cold_runs)
+                tag = f"{backend}-{model}-{n}"  # the embedding cache is per process: cold texts must be new
+                cold = timed(
+                    router,
+                    lambda i, tag=tag: RouteRequest(len(QUERY), text=f"{tag}-{i} {QUERY}"),
+                    pool,
+                    cold_runs,
+                )
                 cached = timed(router, lambda i: RouteRequest(len(QUERY), text=QUERY), pool, args.runs)
                 rows.append(
                     {
