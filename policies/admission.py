@@ -56,6 +56,11 @@ class Admission:
         }
 
 
+def unavailable_reason(worker: Worker, down: Mapping[str, str], env: Mapping[str, str]) -> str | None:
+    """Why a worker cannot be called at all right now (no key, local server not up), or None."""
+    return worker.availability(env) or down.get(worker.name)
+
+
 def admit(
     catalog: Catalog,
     down: Mapping[str, str] | None = None,
@@ -69,7 +74,7 @@ def admit(
     pool: list[Worker] = []
     excluded: list[Exclusion] = []
     for worker in catalog.workers:
-        reason = worker.availability(env) or down.get(worker.name)
+        reason = unavailable_reason(worker, down, env)
         if reason:
             excluded.append(Exclusion(worker.name, "unavailable", reason))
         else:

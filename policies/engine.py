@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
 
-from policies.admission import Admission, Exclusion
+from policies.admission import Admission, Exclusion, unavailable_reason
 from policies.catalog import Catalog, Worker
 from policies.cost import predicted_cost
 from policies.detect import Detector, RegexDetector, builtin_detectors, scan
@@ -261,7 +261,7 @@ class PolicyEngine:
         pool: list[Worker] = []
         excluded: list[Exclusion] = []
         for worker in catalog.workers:
-            unavailable = worker.availability(env) or down.get(worker.name)
+            unavailable = unavailable_reason(worker, down, env)
             if unavailable:
                 excluded.append(Exclusion(worker.name, UNAVAILABLE, unavailable))
                 continue
