@@ -7,7 +7,7 @@ import hmac
 from starlette.requests import Request
 
 from gateway.errors import APIError
-from gateway.keys import ADMIN_TENANT, FileKeyStore, KeyRecord, hash_key
+from gateway.keys import ADMIN_TENANT, KeyRecord, KeyStore, KeyStoreUnavailable, hash_key
 
 _WWW = {"www-authenticate": "Bearer"}
 
@@ -43,16 +43,28 @@ def _invalid() -> APIError:
 class Authenticator:
     """Checks keys against the store; the admin key may also come from settings (env)."""
 
-    def __init__(self, store: FileKeyStore, admin_key: str | None) -> None:
+    def __init__(self, store: KeyStore, admin_key: str | None) -> None:
         self.store = store
         self._admin_hash = hash_key(admin_key) if admin_key else None
 
     def _is_settings_admin(self, token: str) -> bool:
         return self._admin_hash is not None and hmac.compare_digest(hash_key(token), self._admin_hash)
 
+    def _verify(self, token: str) -> KeyRecord | None:
+        try:
+            return self.store.verify(token)
+        except KeyStoreUnavailable as exc:  # fail closed: no key is accepted unverified
+            raise APIError(
+                503,
+                f"cannot verify API keys right now: {exc}",
+                type="server_error",
+                code="key_store_unavailable",
+                headers={"retry-after": "1"},
+            ) from None
+
     def client(self, request: Request) -> KeyRecord:
         """A tenant key (admin keys are refused here: they carry no tenant)."""
-        record = self.store.verify(bearer_token(request))
+        record = self._verify(bearer_token(request))
         if record is None or record.admin:
             raise _invalid()
         return record
@@ -61,7 +73,7 @@ class Authenticator:
         token = bearer_token(request)
         if self._is_settings_admin(token):
             return KeyRecord("admin-env", ADMIN_TENANT, "POLYROUTE_ADMIN_KEY", "", "", admin=True)
-        record = self.store.verify(token)
+        record = self._verify(token)
         if record is None:
             raise _invalid()
         if not record.admin:

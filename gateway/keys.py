@@ -21,6 +21,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Protocol
 
 KEY_PREFIX = "pr-"
 ADMIN_TENANT = "__admin__"
@@ -57,6 +58,36 @@ class KeyRecord:
 
 class KeyNotFound(KeyError):
     pass
+
+
+class KeyStoreUnavailable(RuntimeError):
+    """The shared key store cannot be reached: authentication fails closed (503), never open."""
+
+
+class KeyStore(Protocol):
+    """Hashed API keys; two backends: a file (one host) and Redis (replicas)."""
+
+    def verify(self, plaintext: str) -> KeyRecord | None: ...
+    def list(self, include_revoked: bool = True) -> list[KeyRecord]: ...
+    def create(self, tenant: str, name: str = "", admin: bool = False) -> tuple[KeyRecord, str]: ...
+    def revoke(self, key_id: str) -> KeyRecord: ...
+    def has_admin(self) -> bool: ...
+
+
+def new_key(tenant: str, name: str, admin: bool) -> tuple[KeyRecord, str]:
+    """A fresh key and its record; the plaintext is returned once and never stored."""
+    if not tenant or len(tenant) > 64:
+        raise ValueError("tenant must be 1 to 64 characters")
+    plaintext = KEY_PREFIX + secrets.token_urlsafe(32)
+    record = KeyRecord(
+        id="key_" + secrets.token_hex(6),
+        tenant=ADMIN_TENANT if admin else tenant,
+        name=name,
+        key_hash=hash_key(plaintext),
+        created_at=_now(),
+        admin=admin,
+    )
+    return record, plaintext
 
 
 class FileKeyStore:
@@ -136,17 +167,7 @@ class FileKeyStore:
 
     def create(self, tenant: str, name: str = "", admin: bool = False) -> tuple[KeyRecord, str]:
         """Create a key; the plaintext is returned once and never stored."""
-        if not tenant or len(tenant) > 64:
-            raise ValueError("tenant must be 1 to 64 characters")
-        plaintext = KEY_PREFIX + secrets.token_urlsafe(32)
-        record = KeyRecord(
-            id="key_" + secrets.token_hex(6),
-            tenant=ADMIN_TENANT if admin else tenant,
-            name=name,
-            key_hash=hash_key(plaintext),
-            created_at=_now(),
-            admin=admin,
-        )
+        record, plaintext = new_key(tenant, name, admin)
         with self._locked_for_write() as records:
             records[record.key_hash] = record
         return record, plaintext
@@ -163,3 +184,96 @@ class FileKeyStore:
 
     def has_admin(self) -> bool:
         return any(r.admin and r.active for r in self.list())
+
+
+class RedisKeyStore:
+    """Hashed keys in Redis, shared by every replica.
+
+    A verified key is remembered locally for `cache_ttl_s` (0.5 s), so most requests never touch
+    Redis while a revocation still reaches every replica within a second. Redis errors raise
+    KeyStoreUnavailable: the gateway answers 503 rather than letting an unverified key through.
+    """
+
+    PREFIX = "polyroute:keys:"
+
+    def __init__(self, url: str, cache_ttl_s: float = 0.5) -> None:
+        import redis
+
+        self._redis = redis.Redis.from_url(url, socket_timeout=1.0, socket_connect_timeout=1.0)
+        self._errors = (redis.RedisError, OSError)
+        self.cache_ttl_s = cache_ttl_s
+        self._cache: dict[str, tuple[float, KeyRecord | None]] = {}
+        self._lock = threading.Lock()
+
+    def _call(self, fn, *args):
+        try:
+            return fn(*args)
+        except self._errors as exc:
+            raise KeyStoreUnavailable(f"key store (Redis) unreachable: {exc}") from exc
+
+    def _load(self, raw: bytes | None) -> KeyRecord | None:
+        return KeyRecord(**json.loads(raw)) if raw else None
+
+    def verify(self, plaintext: str) -> KeyRecord | None:
+        key_hash = hash_key(plaintext)
+        now = time.monotonic()
+        cached = self._cache.get(key_hash)
+        if cached is not None and now - cached[0] < self.cache_ttl_s:
+            record = cached[1]
+        else:
+            record = self._load(self._call(self._redis.get, self.PREFIX + "hash:" + key_hash))
+            with self._lock:
+                if len(self._cache) > 100_000:
+                    self._cache.clear()
+                self._cache[key_hash] = (now, record)
+        return record if record is not None and record.active else None
+
+    def _put(self, record: KeyRecord) -> None:
+        pipe = self._redis.pipeline(transaction=True)
+        pipe.set(self.PREFIX + "hash:" + record.key_hash, json.dumps(asdict(record)))
+        pipe.set(self.PREFIX + "id:" + record.id, record.key_hash)
+        pipe.sadd(self.PREFIX + "all", record.key_hash)
+        self._call(pipe.execute)
+
+    def create(self, tenant: str, name: str = "", admin: bool = False) -> tuple[KeyRecord, str]:
+        record, plaintext = new_key(tenant, name, admin)
+        self._put(record)
+        return record, plaintext
+
+    def revoke(self, key_id: str) -> KeyRecord:
+        key_hash = self._call(self._redis.get, self.PREFIX + "id:" + key_id)
+        record = (
+            self._load(self._call(self._redis.get, self.PREFIX + "hash:" + key_hash.decode()))
+            if key_hash
+            else None
+        )
+        if record is None:
+            raise KeyNotFound(key_id)
+        if record.active:
+            record = replace(record, revoked_at=_now())
+            self._put(record)
+        with self._lock:
+            self._cache.pop(record.key_hash, None)
+        return record
+
+    def list(self, include_revoked: bool = True) -> list[KeyRecord]:
+        hashes = sorted(h.decode() for h in self._call(self._redis.smembers, self.PREFIX + "all"))
+        raws = self._call(self._redis.mget, [self.PREFIX + "hash:" + h for h in hashes]) if hashes else []
+        records = sorted((r for r in map(self._load, raws) if r is not None), key=lambda r: r.created_at)
+        return [r for r in records if include_revoked or r.active]
+
+    def has_admin(self) -> bool:
+        return any(r.admin and r.active for r in self.list())
+
+    def ping(self) -> bool:
+        try:
+            return bool(self._redis.ping())
+        except self._errors:
+            return False
+
+
+def open_key_store(data_dir: Path, redis_url: str | None, reload_interval_s: float = 1.0) -> KeyStore:
+    """Redis when a URL is given (replicas share keys), else the file under the data dir."""
+    if redis_url:
+        return RedisKeyStore(redis_url)
+    return FileKeyStore(Path(data_dir) / "keys.json", reload_interval_s)

@@ -97,8 +97,16 @@ async def readyz(request: Request) -> JSONResponse:
     for name, proc in state.local.items():
         workers[name]["local"] = {"state": proc.state, "detail": proc.detail}
     policy = state.policy.status()
-    ready = bool(admission.pool) and policy["in_force"]
-    body = {"ready": ready, "router": state.router.status(), "policy": policy, "workers": workers}
+    store = state.auth.store
+    keys = {"backend": type(store).__name__, "ok": store.ping() if hasattr(store, "ping") else True}
+    ready = bool(admission.pool) and policy["in_force"] and keys["ok"]
+    body = {
+        "ready": ready,
+        "router": state.router.status(),
+        "policy": policy,
+        "keys": keys,
+        "workers": workers,
+    }
     return JSONResponse(body, status_code=200 if ready else 503)
 
 

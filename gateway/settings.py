@@ -27,6 +27,7 @@ class Settings(BaseModel):
     retries: int = Field(2, ge=0, le=10, description="retries per worker on 429/5xx/timeouts")
     retry_backoff_s: float = Field(0.25, ge=0)
     key_reload_interval_s: float = Field(1.0, ge=0)
+    redis_url: str | None = Field(None, description="shared state for replicas; also read from REDIS_URL")
     router_dir: Path | None = Field(
         None, description="None: <data_dir>/router (models from `polyroute router train`)"
     )
@@ -42,5 +43,7 @@ class Settings(BaseModel):
             raw = env.get(ENV_PREFIX + name.upper())
             if raw is not None and raw != "":
                 values[name] = raw
+        if "redis_url" not in values and env.get("REDIS_URL"):
+            values["redis_url"] = env["REDIS_URL"]  # the conventional name, as DESIGN.md uses it
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls.model_validate(values)

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gateway.auth import Authenticator
-from gateway.keys import FileKeyStore
+from gateway.keys import KeyStore, open_key_store
 from gateway.ledger import Ledger
 from gateway.local_worker import LocalWorkerProcess
 from gateway.metrics import Metrics
@@ -65,7 +65,7 @@ class AppState:
         return proc.api_base if proc is not None else worker.api_base
 
 
-def bootstrap_admin_key(store: FileKeyStore, settings: Settings) -> None:
+def bootstrap_admin_key(store: KeyStore, settings: Settings) -> None:
     """First start without POLYROUTE_ADMIN_KEY: create an admin key, readable only by the operator."""
     if settings.admin_key or store.has_admin():
         return
@@ -92,7 +92,7 @@ def build_state(settings: Settings, catalog: Catalog | None = None) -> AppState:
     data_dir = Path(settings.data_dir)
     data_dir.mkdir(parents=True, exist_ok=True)
     catalog = catalog or load_catalog(settings.workers_file)
-    store = FileKeyStore(data_dir / "keys.json", settings.key_reload_interval_s)
+    store = open_key_store(data_dir, settings.redis_url, settings.key_reload_interval_s)
     bootstrap_admin_key(store, settings)
     metrics = Metrics()
     policy = PolicySource(policy_path(settings), AuditLog(data_dir / "policy-audit.jsonl"))

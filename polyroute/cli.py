@@ -44,9 +44,11 @@ def _data_dir(data_dir: Path | None) -> Path:
 
 
 def _key_store(data_dir: Path | None):
-    from gateway.keys import FileKeyStore
+    """The store a gateway with the same environment uses: Redis if REDIS_URL is set, else the file."""
+    from gateway.keys import open_key_store
 
-    return FileKeyStore(_data_dir(data_dir) / "keys.json", reload_interval_s=0)
+    redis_url = os.environ.get("POLYROUTE_REDIS_URL") or os.environ.get("REDIS_URL")
+    return open_key_store(_data_dir(data_dir), redis_url, reload_interval_s=0)
 
 
 def _prepare_local_models(catalog, models_dir: Path) -> None:

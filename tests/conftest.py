@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -126,3 +127,50 @@ def gateway(upstream: FakeUpstream, tmp_path_factory: pytest.TempPathFactory) ->
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
+
+
+class RedisServer:
+    """A real redis-server on a random loopback port, without persistence; stopped after use."""
+
+    def __init__(self) -> None:
+        import shutil
+        import socket
+        import subprocess
+
+        binary = shutil.which("redis-server")
+        if binary is None:
+            pytest.fail(
+                "redis-server is not installed: `make test` installs it (apt-get install redis-server)"
+            )
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            self.port = sock.getsockname()[1]
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.proc = subprocess.Popen(
+            [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        import redis
+
+        client = redis.Redis.from_url(self.url)
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                client.ping()
+                break
+            except redis.ConnectionError:
+                if time.monotonic() > deadline or self.proc.poll() is not None:
+                    raise RuntimeError("redis-server did not start") from None
+                time.sleep(0.05)
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(timeout=10)
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[RedisServer]:
+    server = RedisServer()
+    yield server
+    server.stop()
