@@ -110,3 +110,82 @@ def test_gateway_answers_503_when_redis_is_down(upstream, tmp_path):
         assert ready.status_code == 503 and ready.json()["keys"]["ok"] is False
     finally:
         gw.server.stop()
+
+
+def test_two_gateway_processes_share_revocation(upstream, redis_server, tmp_path):
+    """Two `polyroute serve` processes (real replicas) over one redis-server."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    import redis
+
+    redis.Redis.from_url(redis_server.url).flushdb()
+    catalog_file = tmp_path / "workers.yaml"
+    catalog_file.write_text(catalog_yaml_for(upstream.url))
+    admin_key = "pr-replica-admin"
+    procs, urls = [], []
+    for name in ("a", "b"):
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        env = {
+            **os.environ,
+            "REDIS_URL": redis_server.url,
+            "POLYROUTE_ADMIN_KEY": admin_key,
+            "POLYROUTE_TEST_UPSTREAM_KEY": "sk-test",
+        }
+        procs.append(
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "polyroute.cli",
+                    "serve",
+                    "--port",
+                    str(port),
+                    "--workers-file",
+                    str(catalog_file),
+                    "--data-dir",
+                    str(tmp_path / name),
+                    "--no-local-workers",
+                    "--log-level",
+                    "warning",
+                ],
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+        )
+        urls.append(f"http://127.0.0.1:{port}")
+    try:
+        for url in urls:
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    if httpx.get(url + "/healthz", timeout=1).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                assert time.monotonic() < deadline, f"{url} did not start"
+                time.sleep(0.1)
+        a, b = urls
+        admin = {"authorization": f"Bearer {admin_key}"}
+        created = httpx.post(a + "/admin/keys", headers=admin, json={"tenant": "replicated"}).json()
+        headers = {"authorization": f"Bearer {created['key']}"}
+        body = {"model": "auto", "messages": [{"role": "user", "content": "hi"}]}
+        assert (
+            httpx.post(b + "/v1/chat/completions", headers=headers, json=body, timeout=30).status_code == 200
+        )
+        assert httpx.delete(a + f"/admin/keys/{created['id']}", headers=admin).status_code == 200
+        revoked_at = time.monotonic()
+        while (
+            httpx.post(b + "/v1/chat/completions", headers=headers, json=body, timeout=30).status_code != 401
+        ):
+            assert time.monotonic() - revoked_at < 1.0, "revocation did not reach the other process in 1 s"
+            time.sleep(0.02)
+    finally:
+        for proc in procs:
+            proc.terminate()
+            proc.wait(timeout=30)
