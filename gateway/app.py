@@ -65,7 +65,6 @@ def create_app(settings: Settings | None = None, catalog: Catalog | None = None)
             state.ledger.close()
             for proc in state.local.values():
                 await proc.stop()
-            await state.client.aclose()
 
     app = FastAPI(title="polyroute", version="0.1.0", lifespan=lifespan, docs_url="/docs", redoc_url=None)
     app.state.polyroute = state

@@ -27,7 +27,7 @@ from gateway.spend import to_micros
 from gateway.state import AppState
 from gateway.upstream import Completion, OpenStream, WorkerError
 from policies import Admission, PolicyRequest, PolicyRequestError
-from router import RouteDecision, RouteRequest
+from router import RouteDecision, RouteRequest, estimate_cost
 
 log = logging.getLogger("polyroute.gateway")
 
@@ -153,8 +153,7 @@ async def decide(
                 admission.data_class,
             )
             raise _denied(only, f"'{worker.name}'")
-        cost = state.router.rules.route(route, (worker,)).predicted_cost_usd
-        return RouteDecision((worker,), "pinned", "pinned by the request", cost)
+        return RouteDecision((worker,), "pinned", "pinned by the request", estimate_cost(worker, route))
     if not admission.pool:
         raise _denied(admission, "this request")
     if router.name == "learned":  # embeds the query: CPU work off the event loop

@@ -72,6 +72,7 @@ class KeyStore(Protocol):
     def create(self, tenant: str, name: str = "", admin: bool = False) -> tuple[KeyRecord, str]: ...
     def revoke(self, key_id: str) -> KeyRecord: ...
     def has_admin(self) -> bool: ...
+    def ping(self) -> bool: ...
 
 
 def new_key(tenant: str, name: str, admin: bool) -> tuple[KeyRecord, str]:
@@ -184,6 +185,10 @@ class FileKeyStore:
 
     def has_admin(self) -> bool:
         return any(r.admin and r.active for r in self.list())
+
+    def ping(self) -> bool:
+        """A local file is always reachable; its errors surface on read and write."""
+        return True
 
 
 class RedisKeyStore:

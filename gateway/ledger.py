@@ -72,6 +72,7 @@ class Ledger:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
         self._index: OrderedDict[str, tuple[str, str | None]] = OrderedDict()  # id -> (tenant, worker)
+        self._index_truncated = False  # only then can an id be on disk but not in the index
         self._fh = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - held for the app's life
         os.chmod(self.path, 0o600)
         self._load_index()
@@ -85,6 +86,7 @@ class Ledger:
         self._index[request_id] = (tenant, worker)
         if len(self._index) > INDEX_SIZE:
             self._index.popitem(last=False)
+            self._index_truncated = True
 
     def _append(self, payload: dict) -> None:
         line = json.dumps(payload, ensure_ascii=False, separators=(",", ":")) + "\n"
@@ -105,9 +107,9 @@ class Ledger:
         """(tenant, worker) of a request, or None if the ledger never saw it."""
         with self._lock:
             found = self._index.get(request_id)
-        if found is not None:
+        if found is not None or not self._index_truncated:
             return found
-        for record in self.records():
+        for record in self.records():  # an old request, beyond the index: the rare slow path
             if record.get("type") == "request" and record.get("id") == request_id:
                 return record["tenant"], record.get("worker")
         return None

@@ -98,7 +98,7 @@ async def readyz(request: Request) -> JSONResponse:
         workers[name]["local"] = {"state": proc.state, "detail": proc.detail}
     policy = state.policy.status()
     store = state.auth.store
-    keys = {"backend": type(store).__name__, "ok": store.ping() if hasattr(store, "ping") else True}
+    keys = {"backend": type(store).__name__, "ok": store.ping()}
     ready = bool(admission.pool) and policy["in_force"] and keys["ok"]
     body = {
         "ready": ready,

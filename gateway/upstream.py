@@ -279,6 +279,3 @@ class WorkerClient:
         first, rest = await self._with_retries(worker, start)
         prompt_cost = litellm_cost(worker, max(1, chat.prompt_chars() // 4), 0)
         return OpenStream(worker, first, rest, self.metrics, prompt_cost)
-
-    async def aclose(self) -> None:
-        """Nothing pooled of our own; litellm owns its HTTP clients."""
