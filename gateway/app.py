@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -38,16 +39,29 @@ def create_app(settings: Settings | None = None, catalog: Catalog | None = None)
             if state.router.changed():
                 await asyncio.to_thread(state.router.reload)
 
-    async def save_spend() -> None:
+    async def flush_stores() -> None:
+        """Send buffered ledger records and spend; a failure leaves them buffered for the next round."""
+        stores = state.stores
+        last_save = 0.0
         while True:
-            await asyncio.sleep(SPEND_SAVE_INTERVAL_S)
-            await asyncio.to_thread(state.spend.save)
+            await asyncio.sleep(settings.store_flush_interval_s)
+            try:
+                if stores.backend == "redis":
+                    await stores.budgets.flush()
+                    if stores.ledger.buffered:
+                        await asyncio.to_thread(stores.ledger.flush)
+                    state.metrics.ledger_buffered.set(stores.ledger.buffered)
+                elif time.monotonic() - last_save > SPEND_SAVE_INTERVAL_S:
+                    last_save = time.monotonic()
+                    await stores.budgets.flush()
+            except Exception:  # keep flushing whatever one round hit
+                log.exception("flushing the shared store failed; retrying")
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         for proc in state.local.values():
             proc.start()
-        tasks = [asyncio.create_task(t()) for t in (watch_policy, watch_router, save_spend)]
+        tasks = [asyncio.create_task(t()) for t in (watch_policy, watch_router, flush_stores)]
         log.info(
             "polyroute ready: %d workers in catalog, %d callable now, policy %s, router %s",
             len(state.catalog.workers),
@@ -61,8 +75,11 @@ def create_app(settings: Settings | None = None, catalog: Catalog | None = None)
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-            state.spend.save()
-            state.ledger.close()
+            if state.background:
+                await asyncio.wait(state.background, timeout=5)
+            await state.stores.budgets.flush()
+            await asyncio.to_thread(state.stores.ledger.close)
+            await state.stores.close()
             for proc in state.local.values():
                 await proc.stop()
 

@@ -19,14 +19,15 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
+from gateway import caching, ratelimits
 from gateway.body import read_model
 from gateway.errors import APIError, error_response
 from gateway.ledger import RequestRecord, storable_query
 from gateway.schemas import ChatCompletionRequest
-from gateway.spend import to_micros
 from gateway.state import AppState
+from gateway.store import BudgetExceeded, Limit, Limits, Reservation, StoreUnavailable, to_micros
 from gateway.upstream import Completion, OpenStream, WorkerError
-from policies import Admission, PolicyRequest, PolicyRequestError
+from policies import Admission, PolicyRequest, PolicyRequestError, Spend, estimate_tokens, predicted_cost
 from router import RouteDecision, RouteRequest, estimate_cost
 
 log = logging.getLogger("polyroute.gateway")
@@ -42,9 +43,10 @@ DATA_CLASS_HEADER = "x-polyroute-data-class"
 COST_WEIGHT_HEADER = "x-polyroute-cost-weight"
 
 
-def admission_for(state: AppState, request: Request, tenant: str, chat: ChatCompletionRequest) -> Admission:
+def admission_for(
+    state: AppState, request: Request, tenant: str, chat: ChatCompletionRequest, engine, spend: Spend
+) -> Admission:
     """Ask the policy in force which workers may serve this request. Fails closed."""
-    engine = state.policy.engine  # one snapshot for the whole decision, even if a reload lands now
     if engine is None:
         raise APIError(
             503,
@@ -70,7 +72,7 @@ def admission_for(state: AppState, request: Request, tenant: str, chat: ChatComp
         data_class=chat.metadata_str("data_class") or request.headers.get(DATA_CLASS_HEADER),
         prompt_chars=chat.prompt_chars(),
         max_output_tokens=chat.output_budget(),
-        spend=state.spend.spend(tenant),
+        spend=spend,
     )
     try:
         return engine.evaluate(policy_request, state.catalog, state.down_workers())
@@ -181,6 +183,14 @@ def policy_headers(request_id: str, admission: Admission) -> dict[str, str]:
 def final_error(failures: list[WorkerError]) -> APIError:
     summary = "; ".join(f"{f.worker}: {f.message}" for f in failures)
     last = failures[-1]
+    if all(isinstance(f, BudgetRefusal) for f in failures):  # no worker fits what is left of the budget
+        return APIError(
+            last.status,
+            f"No worker was called: {summary}",
+            type="insufficient_quota" if last.status == 403 else "server_error",
+            code=last.code,
+            headers={"retry-after": "1"} if last.status == 503 else {},
+        )
     if not last.fallback:  # the request itself was refused upstream: the client must change it
         return APIError(last.status if 400 <= last.status < 500 else 400, summary, code="upstream_rejected")
     if all(f.status == 429 for f in failures):
@@ -200,9 +210,49 @@ def final_error(failures: list[WorkerError]) -> APIError:
     )
 
 
+class BudgetRefusal(WorkerError):
+    """A worker skipped because reserving its predicted cost would overspend (or cannot be checked)."""
+
+    def __init__(self, worker: str, status: int, message: str, code: str) -> None:
+        super().__init__(worker, status, message, fallback=status == 403)
+        self.code = code
+
+
+def tenant_budget(engine, tenant: str) -> Limits:
+    config = engine.policy.tenants.get(tenant) if engine is not None else None
+    if config is None:
+        return Limits()
+    daily, monthly = config.budget.daily_usd, config.budget.monthly_usd
+    return Limits(
+        to_micros(daily) if daily is not None else None, to_micros(monthly) if monthly is not None else None
+    )
+
+
+async def budget_usage(state: AppState, tenant: str, limits: Limits) -> Spend:
+    """What the tenant has spent and holds, for the policy's budget rule; budgets fail closed."""
+    if not limits.any:
+        return Spend()
+    try:
+        return await state.stores.budgets.usage(tenant)
+    except StoreUnavailable as exc:
+        state.metrics.store_unavailable.labels("budgets").inc()
+        raise _budget_store_down(exc) from None
+
+
+def _budget_store_down(exc: Exception) -> APIError:
+    return APIError(
+        503,
+        f"This tenant has a budget and the budget store cannot be reached, so no worker is called "
+        f"(budgets fail closed): {exc}",
+        type="server_error",
+        code="budget_store_unavailable",
+        headers={"retry-after": "1"},
+    )
+
+
 @dataclass
 class Exchange:
-    """One request's context from decision to ledger."""
+    """One request's context from decision to ledger: its holds on budgets and limits included."""
 
     request_id: str
     tenant: str
@@ -211,9 +261,33 @@ class Exchange:
     decision: RouteDecision
     router_version: str
     headers: dict[str, str]
+    budget: Limits = field(default_factory=Limits)
+    limits: list[Limit] = field(default_factory=list)
+    cache: caching.CachePlan | None = None
+    reservation: Reservation | None = None
     started: float = field(default_factory=time.perf_counter)
 
-    def record(
+    async def hold(self, state: AppState, worker) -> None:
+        """Reserve this worker's predicted cost on the tenant's budget before calling it."""
+        if not self.budget.any:
+            return
+        micros = to_micros(predicted_cost(worker, self.chat.prompt_chars(), self.chat.output_budget()))
+        try:
+            self.reservation = await state.stores.budgets.reserve(self.tenant, micros, self.budget)
+        except BudgetExceeded as exc:
+            raise BudgetRefusal(worker.name, 403, f"budget:{exc.period}: {exc}", "budget_exceeded") from None
+        except StoreUnavailable as exc:
+            state.metrics.store_unavailable.labels("budgets").inc()
+            raise BudgetRefusal(
+                worker.name, 503, _budget_store_down(exc).message, "budget_store_unavailable"
+            ) from None
+
+    async def release(self, state: AppState) -> None:
+        if self.reservation is not None:
+            reservation, self.reservation = self.reservation, None
+            await state.stores.budgets.release(reservation)
+
+    async def finish(
         self,
         state: AppState,
         worker: str | None,
@@ -222,19 +296,30 @@ class Exchange:
         prompt_tokens: int = 0,
         completion_tokens: int = 0,
         cost: Decimal = Decimal(0),
+        strategy: str | None = None,
     ) -> None:
-        state.spend.record(self.tenant, cost)
+        """Settle the budget hold with the actual cost, correct the token limits, write the ledger."""
+        micros = to_micros(cost)
+        if self.reservation is not None:
+            reservation, self.reservation = self.reservation, None
+            await state.stores.budgets.settle(reservation, micros)
+        else:
+            state.stores.budgets.record(self.tenant, micros)
+        if self.limits:
+            await ratelimits.correct_tokens(
+                state.stores.limiter, self.tenant, self.limits, prompt_tokens + completion_tokens
+            )
         state.ledger.record_request(
             RequestRecord(
                 id=self.request_id,
                 tenant=self.tenant,
                 model=self.chat.model,
                 worker=worker,
-                strategy=self.decision.strategy,
+                strategy=strategy or self.decision.strategy,
                 status=status,
                 prompt_tokens=prompt_tokens,
                 completion_tokens=completion_tokens,
-                cost_micros=to_micros(cost),
+                cost_micros=micros,
                 latency_ms=round((time.perf_counter() - self.started) * 1000, 2),
                 policy_version=self.admission.policy_version,
                 router_version=self.router_version,
@@ -246,24 +331,54 @@ class Exchange:
         )
 
 
+def _refused(state: AppState, err: APIError, headers: dict[str, str]) -> Response:
+    err.headers = {**headers, **err.headers}
+    state.metrics.errors.labels(err.code or err.type).inc()
+    state.metrics.requests.labels("-", "-", str(err.status)).inc()
+    return error_response(err)
+
+
 async def chat_completions(request: Request) -> Response:
     state: AppState = request.app.state.polyroute
     request_id = "req_" + uuid.uuid4().hex
     headers = {"x-polyroute-request-id": request_id}
     router = state.router.current  # one router for the whole request, even if a new model lands now
+    engine = state.policy.engine  # one policy snapshot for the whole decision, even if a reload lands now
     try:
         key = state.auth.client(request)
         chat = await read_model(request, ChatCompletionRequest, state.settings.max_body_bytes)
-        admission = admission_for(state, request, key.tenant, chat)
-        headers = policy_headers(request_id, admission)
-        tenant = state.policy.engine.policy.tenants.get(key.tenant) if state.policy.engine else None
+        tenant = engine.policy.tenants.get(key.tenant) if engine is not None else None
+        rate = tenant.rate_limit if tenant is not None else None
+        limits = ratelimits.limits_for(
+            key,
+            rate.rpm if rate else None,
+            rate.tpm if rate else None,
+            sum(estimate_tokens(chat.prompt_chars(), chat.output_budget())),
+        )
+        headers |= await ratelimits.enforce(state.stores.limiter, state.metrics, key.tenant, limits)
+        budget = tenant_budget(engine, key.tenant)
+        spend = await budget_usage(state, key.tenant, budget)
+        admission = admission_for(state, request, key.tenant, chat, engine, spend)
+        headers = {**headers, **policy_headers(request_id, admission)}
+        cache_plan = caching.plan(
+            request,
+            chat,
+            key.tenant,
+            tenant.cache if tenant is not None else None,
+            admission.policy_version,
+            admission.data_class,
+        )
+        if (
+            cache_plan is not None
+            and (hit := await caching.lookup(state.stores.cache, cache_plan)) is not None
+        ):
+            return await _from_cache(
+                state, request_id, key.tenant, chat, admission, router, limits, headers, hit
+            )
         route = route_request(request, chat, admission, tenant.cost_weight if tenant else None)
         decision = await decide(state, route, chat, admission, router)
     except APIError as err:
-        err.headers = {**headers, **err.headers}
-        state.metrics.errors.labels(err.code or err.type).inc()
-        state.metrics.requests.labels("-", "-", str(err.status)).inc()
-        return error_response(err)
+        return _refused(state, err, headers)
     exchange = Exchange(
         request_id,
         key.tenant,
@@ -271,26 +386,63 @@ async def chat_completions(request: Request) -> Response:
         admission,
         decision,
         router.version,
-        route_headers(request_id, decision, admission, router),
+        {**headers, **route_headers(request_id, decision, admission, router)},
+        budget=budget,
+        limits=limits,
+        cache=cache_plan,
     )
+    if cache_plan is not None:
+        exchange.headers[caching.CACHE_HEADER] = "miss"
     log.debug("request %s tenant=%s -> %s", request_id, key.tenant, [w.name for w in decision.workers])
     if chat.stream:
         return await _stream(state, exchange)
     return await _complete(state, exchange)
 
 
-async def first_success(
-    state: AppState, decision: RouteDecision, call
-) -> tuple[object | None, list[WorkerError]]:
-    """Try the decision's workers in order (all admissible) until one answers or one refuses for good."""
+async def _from_cache(
+    state: AppState, request_id, tenant, chat, admission, router, limits, headers, hit: caching.CachedAnswer
+) -> Response:
+    state.metrics.cache.labels("hit").inc()
+    decision = RouteDecision((), "cache", "exact-match response cache", Decimal(0))
+    exchange = Exchange(request_id, tenant, chat, admission, decision, router.version, headers, limits=limits)
+    await exchange.finish(state, hit.worker, 200, [])
+    state.metrics.requests.labels(hit.worker, "cache", "200").inc()
+    headers = {
+        **headers,
+        "x-polyroute-worker": hit.worker,
+        "x-polyroute-strategy": "cache",
+        "x-polyroute-route-reason": decision.reason,
+        "x-polyroute-cost-usd": "0",
+        caching.CACHE_HEADER: "hit",
+    }
+    return Response(hit.body, media_type="application/json", headers=headers)
+
+
+async def first_success(state: AppState, ex: Exchange, call) -> tuple[object | None, list[WorkerError]]:
+    """Try the decision's workers in order (all admissible) until one answers or one refuses for good.
+
+    Each attempt first reserves the worker's predicted cost; a failed attempt releases it, so only
+    the answering worker's hold is left for `Exchange.finish` to settle.
+    """
     failures: list[WorkerError] = []
-    for worker in decision.workers:
+    for worker in ex.decision.workers:
         try:
-            return await call(worker, state.api_base(worker)), failures
-        except WorkerError as err:
+            await ex.hold(state, worker)
+        except BudgetRefusal as err:
             failures.append(err)
             if not err.fallback:
                 break
+            continue
+        try:
+            return await call(worker, state.api_base(worker)), failures
+        except WorkerError as err:
+            await ex.release(state)
+            failures.append(err)
+            if not err.fallback:
+                break
+        except BaseException:  # cancelled (client gone) or a bug: the hold must not outlive the request
+            await asyncio.shield(ex.release(state))
+            raise
     return None, failures
 
 
@@ -303,14 +455,14 @@ def _answered_headers(headers: dict[str, str], worker: str, failures: list[Worke
 
 async def _complete(state: AppState, ex: Exchange) -> Response:
     result, failures = await first_success(
-        state, ex.decision, lambda worker, base: state.client.complete(worker, base, ex.chat)
+        state, ex, lambda worker, base: state.client.complete(worker, base, ex.chat)
     )
     if result is None:
-        return _failed(state, ex, failures)
+        return await _failed(state, ex, failures)
     assert isinstance(result, Completion)
     headers = _answered_headers(ex.headers, result.worker.name, failures)
     headers["x-polyroute-cost-usd"] = format_cost(result.cost_usd)
-    ex.record(
+    await ex.finish(
         state,
         result.worker.name,
         200,
@@ -319,16 +471,19 @@ async def _complete(state: AppState, ex: Exchange) -> Response:
         result.completion_tokens,
         result.cost_usd,
     )
+    if ex.cache is not None:
+        state.metrics.cache.labels("miss").inc()
+        await caching.store(state.stores.cache, ex.cache, result.worker.name, result.body)
     state.metrics.requests.labels(result.worker.name, ex.decision.strategy, "200").inc()
     state.metrics.latency.labels("false").observe(time.perf_counter() - ex.started)
     return Response(orjson.dumps(result.body), media_type="application/json", headers=headers)
 
 
-def _failed(state: AppState, ex: Exchange, failures: list[WorkerError]) -> Response:
+async def _failed(state: AppState, ex: Exchange, failures: list[WorkerError]) -> Response:
     err = final_error(failures)
     worker = failures[-1].worker if failures else "-"
     err.headers = {**ex.headers, **err.headers, "x-polyroute-cost-usd": "0", "x-polyroute-worker": worker}
-    ex.record(state, None, err.status, failures)
+    await ex.finish(state, None, err.status, failures)
     state.metrics.errors.labels(err.code or err.type).inc()
     state.metrics.requests.labels(worker, ex.decision.strategy, str(err.status)).inc()
     return error_response(err)
@@ -336,10 +491,10 @@ def _failed(state: AppState, ex: Exchange, failures: list[WorkerError]) -> Respo
 
 async def _stream(state: AppState, ex: Exchange) -> Response:
     stream, failures = await first_success(
-        state, ex.decision, lambda worker, base: state.client.open_stream(worker, base, ex.chat)
+        state, ex, lambda worker, base: state.client.open_stream(worker, base, ex.chat)
     )
     if stream is None:
-        return _failed(state, ex, failures)
+        return await _failed(state, ex, failures)
     assert isinstance(stream, OpenStream)
     headers = _answered_headers(ex.headers, stream.worker.name, failures)
     # Headers leave before the answer: this is the prompt-side cost; the final usage chunk carries
@@ -382,15 +537,18 @@ async def _sse(
         }
         yield b"data: " + orjson.dumps({"error": error}) + b"\n\n"
     finally:
-        # What was streamed is spent, even if cut short; the ledger marks a cut stream as 502.
-        ex.record(
-            state,
-            worker,
-            200 if status == "200" else 502,
-            failures,
-            stream.prompt_tokens,
-            stream.completion_tokens,
-            stream.cost_usd,
+        # What was streamed is spent, even if cut short (the ledger marks a cut stream as 502). The
+        # settle runs as its own task: a client that hangs up cancels this generator, not the books.
+        state.spawn(
+            ex.finish(
+                state,
+                worker,
+                200 if status == "200" else 502,
+                failures,
+                stream.prompt_tokens,
+                stream.completion_tokens,
+                stream.cost_usd,
+            )
         )
         state.metrics.requests.labels(worker, ex.decision.strategy, status).inc()
         state.metrics.latency.labels("true").observe(time.perf_counter() - ex.started)

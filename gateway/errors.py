@@ -68,6 +68,23 @@ def install_error_handlers(app: FastAPI) -> None:
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
         return error_response(APIError(exc.status_code, str(exc.detail), type=kind))
 
+    from gateway.keys import KeyStoreUnavailable
+    from gateway.store.health import StoreUnavailable
+
+    async def _store_down(_: Request, exc: Exception) -> JSONResponse:
+        return error_response(
+            APIError(
+                503,
+                f"the shared store cannot be reached right now, nothing was changed: {exc}",
+                type="server_error",
+                code="store_unavailable",
+                headers={"retry-after": "1"},
+            )
+        )
+
+    app.add_exception_handler(KeyStoreUnavailable, _store_down)
+    app.add_exception_handler(StoreUnavailable, _store_down)
+
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error on %s %s", request.method, request.url.path)

@@ -44,6 +44,8 @@ class KeyRecord:
     created_at: str
     revoked_at: str | None = None
     admin: bool = False
+    rpm: int | None = None  # this key's own limits, on top of its tenant's (policy YAML)
+    tpm: int | None = None
 
     @property
     def active(self) -> bool:
@@ -69,16 +71,23 @@ class KeyStore(Protocol):
 
     def verify(self, plaintext: str) -> KeyRecord | None: ...
     def list(self, include_revoked: bool = True) -> list[KeyRecord]: ...
-    def create(self, tenant: str, name: str = "", admin: bool = False) -> tuple[KeyRecord, str]: ...
+    def create(
+        self, tenant: str, name: str = "", admin: bool = False, rpm: int | None = None, tpm: int | None = None
+    ) -> tuple[KeyRecord, str]: ...
     def revoke(self, key_id: str) -> KeyRecord: ...
     def has_admin(self) -> bool: ...
     def ping(self) -> bool: ...
 
 
-def new_key(tenant: str, name: str, admin: bool) -> tuple[KeyRecord, str]:
+def new_key(
+    tenant: str, name: str, admin: bool, rpm: int | None = None, tpm: int | None = None
+) -> tuple[KeyRecord, str]:
     """A fresh key and its record; the plaintext is returned once and never stored."""
     if not tenant or len(tenant) > 64:
         raise ValueError("tenant must be 1 to 64 characters")
+    for label, value, unit in (("rpm", rpm, "requests"), ("tpm", tpm, "tokens")):
+        if value is not None and value <= 0:
+            raise ValueError(f"{label} must be a positive number of {unit} per minute")
     plaintext = KEY_PREFIX + secrets.token_urlsafe(32)
     record = KeyRecord(
         id="key_" + secrets.token_hex(6),
@@ -87,6 +96,8 @@ def new_key(tenant: str, name: str, admin: bool) -> tuple[KeyRecord, str]:
         key_hash=hash_key(plaintext),
         created_at=_now(),
         admin=admin,
+        rpm=rpm,
+        tpm=tpm,
     )
     return record, plaintext
 
@@ -166,9 +177,11 @@ class FileKeyStore:
             self._mtime_ns = None
             self._load()
 
-    def create(self, tenant: str, name: str = "", admin: bool = False) -> tuple[KeyRecord, str]:
+    def create(
+        self, tenant: str, name: str = "", admin: bool = False, rpm: int | None = None, tpm: int | None = None
+    ) -> tuple[KeyRecord, str]:
         """Create a key; the plaintext is returned once and never stored."""
-        record, plaintext = new_key(tenant, name, admin)
+        record, plaintext = new_key(tenant, name, admin, rpm, tpm)
         with self._locked_for_write() as records:
             records[record.key_hash] = record
         return record, plaintext
@@ -195,26 +208,40 @@ class RedisKeyStore:
     """Hashed keys in Redis, shared by every replica.
 
     A verified key is remembered locally for `cache_ttl_s` (0.5 s), so most requests never touch
-    Redis while a revocation still reaches every replica within a second. Redis errors raise
-    KeyStoreUnavailable: the gateway answers 503 rather than letting an unverified key through.
+    Redis while a revocation still reaches every replica within a second. When Redis cannot be
+    reached, a key verified in the last `stale_grace_s` keeps its last known state (no revocation
+    can be written while Redis is down either); any other key fails closed with
+    KeyStoreUnavailable (503), never open. A breaker makes those failures immediate.
     """
 
     PREFIX = "polyroute:keys:"
 
-    def __init__(self, url: str, cache_ttl_s: float = 0.5) -> None:
+    def __init__(self, url: str, cache_ttl_s: float = 0.5, stale_grace_s: float = 300.0) -> None:
         import redis
+
+        from gateway.store.health import Breaker
 
         self._redis = redis.Redis.from_url(url, socket_timeout=1.0, socket_connect_timeout=1.0)
         self._errors = (redis.RedisError, OSError)
         self.cache_ttl_s = cache_ttl_s
+        self.stale_grace_s = stale_grace_s
+        self.breaker = Breaker("Redis (keys)")
         self._cache: dict[str, tuple[float, KeyRecord | None]] = {}
         self._lock = threading.Lock()
 
     def _call(self, fn, *args):
+        from gateway.store.health import StoreUnavailable
+
         try:
-            return fn(*args)
+            self.breaker.check()
+            result = fn(*args)
+        except StoreUnavailable as exc:
+            raise KeyStoreUnavailable(f"key store {exc}") from exc
         except self._errors as exc:
+            self.breaker.failure(exc)
             raise KeyStoreUnavailable(f"key store (Redis) unreachable: {exc}") from exc
+        self.breaker.success()
+        return result
 
     def _load(self, raw: bytes | None) -> KeyRecord | None:
         return KeyRecord(**json.loads(raw)) if raw else None
@@ -226,7 +253,12 @@ class RedisKeyStore:
         if cached is not None and now - cached[0] < self.cache_ttl_s:
             record = cached[1]
         else:
-            record = self._load(self._call(self._redis.get, self.PREFIX + "hash:" + key_hash))
+            try:
+                record = self._load(self._call(self._redis.get, self.PREFIX + "hash:" + key_hash))
+            except KeyStoreUnavailable:
+                if cached is None or now - cached[0] > self.stale_grace_s:
+                    raise
+                return cached[1] if cached[1] is not None and cached[1].active else None
             with self._lock:
                 if len(self._cache) > 100_000:
                     self._cache.clear()
@@ -240,8 +272,10 @@ class RedisKeyStore:
         pipe.sadd(self.PREFIX + "all", record.key_hash)
         self._call(pipe.execute)
 
-    def create(self, tenant: str, name: str = "", admin: bool = False) -> tuple[KeyRecord, str]:
-        record, plaintext = new_key(tenant, name, admin)
+    def create(
+        self, tenant: str, name: str = "", admin: bool = False, rpm: int | None = None, tpm: int | None = None
+    ) -> tuple[KeyRecord, str]:
+        record, plaintext = new_key(tenant, name, admin, rpm, tpm)
         self._put(record)
         return record, plaintext
 

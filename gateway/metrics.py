@@ -42,6 +42,25 @@ class Metrics:
             "polyroute_worker_up", "1 when a worker is admissible-ready", ["worker"], registry=self.registry
         )
 
+        self.rate_limited = Counter(
+            "polyroute_rate_limited_total",
+            "Requests refused by a rate limit",
+            ["scope", "kind"],
+            registry=self.registry,
+        )
+        self.cache = Counter(
+            "polyroute_cache_total", "Response cache lookups", ["outcome"], registry=self.registry
+        )
+        self.store_unavailable = Counter(
+            "polyroute_store_unavailable_total",
+            "Operations that found the shared store (Redis) unreachable, by feature",
+            ["feature"],
+            registry=self.registry,
+        )
+        self.ledger_buffered = Gauge(
+            "polyroute_ledger_buffered", "Ledger records waiting to be written", registry=self.registry
+        )
+
     def record_usage(self, worker: str, prompt_tokens: int, completion_tokens: int, cost: Decimal) -> None:
         self.tokens.labels(worker, "prompt").inc(prompt_tokens)
         self.tokens.labels(worker, "completion").inc(completion_tokens)

@@ -15,7 +15,8 @@ from gateway.errors import APIError, JSONResponse
 from gateway.keys import KeyNotFound
 from gateway.ledger import FeedbackRecord
 from gateway.state import AppState
-from policies import PolicyError, PolicyRequest, PolicyRequestError, Worker
+from gateway.store import StoreUnavailable
+from policies import PolicyError, PolicyRequest, PolicyRequestError, Spend, Worker
 from router import list_versions
 
 router = APIRouter()
@@ -98,13 +99,15 @@ async def readyz(request: Request) -> JSONResponse:
         workers[name]["local"] = {"state": proc.state, "detail": proc.detail}
     policy = state.policy.status()
     store = state.auth.store
-    keys = {"backend": type(store).__name__, "ok": store.ping()}
-    ready = bool(admission.pool) and policy["in_force"] and keys["ok"]
+    keys = {"backend": type(store).__name__, "ok": await asyncio.to_thread(store.ping)}
+    shared_ok = await state.stores.ping()
+    ready = bool(admission.pool) and policy["in_force"] and keys["ok"] and shared_ok
     body = {
         "ready": ready,
         "router": state.router.status(),
         "policy": policy,
         "keys": keys,
+        "store": state.stores.status(),
         "workers": workers,
     }
     return JSONResponse(body, status_code=200 if ready else 503)
@@ -120,6 +123,8 @@ class KeyCreate(BaseModel):
 
     tenant: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._-]+$")
     name: str = Field("", max_length=128)
+    rpm: int | None = Field(None, gt=0, description="this key's requests per minute")
+    tpm: int | None = Field(None, gt=0, description="this key's tokens per minute")
 
 
 @router.get("/admin/keys")
@@ -134,7 +139,7 @@ async def admin_create_key(request: Request) -> JSONResponse:
     state = _state(request)
     state.auth.admin(request)
     body = await read_model(request, KeyCreate, 64 * 1024)
-    record, plaintext = state.auth.store.create(body.tenant, body.name)
+    record, plaintext = state.auth.store.create(body.tenant, body.name, rpm=body.rpm, tpm=body.tpm)
     return JSONResponse({**record.public(), "key": plaintext}, status_code=201)
 
 
@@ -255,13 +260,30 @@ async def admin_policy_explain(request: Request) -> JSONResponse:
         data_class=body.data_class,
         prompt_chars=sum(len(t) for t in texts),
         max_output_tokens=body.max_tokens,
-        spend=state.spend.spend(body.tenant),
+        spend=await _usage(state, body.tenant),
     )
     try:
         admission = engine.evaluate(policy_request, state.catalog, state.down_workers())
     except PolicyRequestError as exc:
         raise APIError(400, str(exc), param="data_class", code="invalid_data_class") from None
     return JSONResponse({"tenant": body.tenant, "model": body.model, **admission.explain()})
+
+
+def _store_down(what: str, exc: Exception) -> APIError:
+    return APIError(
+        503,
+        f"{what} cannot be reached right now: {exc}",
+        type="server_error",
+        code="store_unavailable",
+        headers={"retry-after": "1"},
+    )
+
+
+async def _usage(state, tenant: str) -> Spend:
+    try:
+        return await state.stores.budgets.usage(tenant)
+    except StoreUnavailable as exc:
+        raise _store_down("the budget store", exc) from None
 
 
 # ---- feedback and the router -----------------------------------------------------------------
@@ -292,7 +314,10 @@ async def feedback(request: Request) -> JSONResponse:
     state = _state(request)
     key = state.auth.client(request)
     body = await read_model(request, Feedback, 64 * 1024)
-    found = await asyncio.to_thread(state.ledger.lookup, body.request_id)
+    try:
+        found = await asyncio.to_thread(state.ledger.lookup, body.request_id)
+    except StoreUnavailable as exc:
+        raise _store_down("the ledger", exc) from None
     if found is None:
         raise APIError(
             404, f"no request with id {body.request_id!r}", type="not_found_error", code="request_not_found"

@@ -28,6 +28,10 @@ class Settings(BaseModel):
     retry_backoff_s: float = Field(0.25, ge=0)
     key_reload_interval_s: float = Field(1.0, ge=0)
     redis_url: str | None = Field(None, description="shared state for replicas; also read from REDIS_URL")
+    ledger_buffer_max: int = Field(
+        50_000, ge=100, description="ledger records kept in memory while Redis is unreachable"
+    )
+    store_flush_interval_s: float = Field(0.2, gt=0, description="how often buffered ledger/spend is sent")
     router_dir: Path | None = Field(
         None, description="None: <data_dir>/router (models from `polyroute router train`)"
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import shutil
@@ -10,12 +11,11 @@ from pathlib import Path
 
 from gateway.auth import Authenticator
 from gateway.keys import KeyStore, open_key_store
-from gateway.ledger import Ledger
 from gateway.local_worker import LocalWorkerProcess
 from gateway.metrics import Metrics
 from gateway.router_state import RouterHolder
 from gateway.settings import Settings
-from gateway.spend import SpendStore
+from gateway.store import Stores, open_stores
 from gateway.upstream import WorkerClient
 from policies import (
     DEFAULT_POLICY_PATH,
@@ -40,9 +40,24 @@ class AppState:
     metrics: Metrics
     client: WorkerClient
     policy: PolicySource
-    spend: SpendStore
-    ledger: Ledger
+    stores: Stores
     local: dict[str, LocalWorkerProcess] = field(default_factory=dict)
+    background: set[asyncio.Task] = field(default_factory=set)
+
+    @property
+    def ledger(self):
+        return self.stores.ledger
+
+    def spawn(self, coro) -> None:
+        """Run bookkeeping (settles, ledger) to completion even if the request's task is cancelled."""
+        task = asyncio.get_running_loop().create_task(coro)
+        self.background.add(task)
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task) -> None:
+        self.background.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("background bookkeeping failed", exc_info=task.exception())
 
     def down_workers(self) -> dict[str, str]:
         down: dict[str, str] = {}
@@ -111,8 +126,7 @@ def build_state(settings: Settings, catalog: Catalog | None = None) -> AppState:
         metrics=metrics,
         client=WorkerClient(metrics, retries=settings.retries, backoff_s=settings.retry_backoff_s),
         policy=policy,
-        spend=SpendStore(data_dir / "spend.json"),
-        ledger=Ledger(data_dir / "ledger.jsonl"),
+        stores=open_stores(data_dir, settings.redis_url, settings.ledger_buffer_max),
     )
     if settings.local_workers:
         for worker in catalog.workers:

@@ -98,9 +98,25 @@ class Budget(Strict):
     monthly_usd: Money | None = None
 
 
+class RateLimit(Strict):
+    """Per-minute limits (GCRA: a burst of the whole minute's allowance, then a steady refill)."""
+
+    rpm: int | None = Field(None, gt=0, description="requests per minute")
+    tpm: int | None = Field(None, gt=0, description="tokens per minute (prompt estimate + max output)")
+
+
+class CacheSettings(Strict):
+    """Exact-match response cache; off unless enabled here or asked for by a request's header."""
+
+    enabled: bool = False
+    ttl_s: int = Field(300, gt=0, le=30 * 86400)
+
+
 class Tenant(Strict):
     data_class: str | None = Field(None, description="the class of every request of this tenant, at least")
     budget: Budget = Budget()
+    rate_limit: RateLimit = RateLimit()
+    cache: CacheSettings = CacheSettings()
     cost_weight: float | None = Field(
         None, ge=0, description="this tenant's default λ for the learned router (quality − λ·cost)"
     )

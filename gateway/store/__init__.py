@@ -1,0 +1,113 @@
+"""Shared state behind one interface, two backends: in-process (default) and Redis (replicas).
+
+| feature     | in-process              | Redis                          | when Redis is down           |
+|-------------|-------------------------|--------------------------------|------------------------------|
+| keys        | keys.json (file)        | hashes, 0.5 s local cache      | recently verified keys work, others 503 |
+| budgets     | dict + spend.json       | Lua reserve/settle/release     | fail closed (503) for tenants with a budget |
+| rate limits | GCRA in a dict          | GCRA in one Lua script         | fail open (logged, counted)  |
+| cache       | LRU with TTL            | SET EX under the tenant's prefix | fail open (miss)           |
+| ledger      | ledger.jsonl            | stream, buffered writes        | buffered (bounded), spilled to disk at shutdown |
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from gateway.ledger import Ledger
+from gateway.store.budgets import (
+    BudgetExceeded,
+    Budgets,
+    Limits,
+    MemoryBudgets,
+    RedisBudgets,
+    Reservation,
+    to_micros,
+)
+from gateway.store.cache import MemoryCache, RedisCache, ResponseCache, cache_key
+from gateway.store.health import Breaker, StoreUnavailable
+from gateway.store.ledger_redis import RedisLedger
+from gateway.store.ratelimit import Limit, Limiter, MemoryLimiter, RedisLimiter, Verdict
+
+__all__ = [
+    "BudgetExceeded",
+    "Budgets",
+    "Breaker",
+    "Limit",
+    "Limiter",
+    "Limits",
+    "Reservation",
+    "ResponseCache",
+    "StoreUnavailable",
+    "Stores",
+    "Verdict",
+    "cache_key",
+    "open_stores",
+    "to_micros",
+]
+
+
+@dataclass
+class Stores:
+    budgets: Budgets
+    limiter: Limiter
+    cache: ResponseCache
+    ledger: Ledger | RedisLedger
+    breaker: Breaker | None = None  # the Redis breaker, None in-process
+    redis: object | None = None  # the asyncio client (closed at shutdown)
+
+    @property
+    def backend(self) -> str:
+        return "memory" if self.breaker is None else "redis"
+
+    async def ping(self) -> bool:
+        """Readiness: can the shared store be reached right now (always true in-process)."""
+        if self.redis is None:
+            return True
+        try:
+            ok = bool(await self.redis.ping())
+        except Exception as exc:
+            self.breaker.failure(exc)
+            return False
+        self.breaker.success()
+        return ok
+
+    def status(self) -> dict:
+        return {
+            "backend": self.backend,
+            **(self.breaker.status() if self.breaker else {"ok": True, "error": None}),
+            "budgets": self.budgets.status(),
+            "rate_limits": self.limiter.status(),
+            "cache": self.cache.status(),
+            "ledger": self.ledger.status() if hasattr(self.ledger, "status") else {"backend": "file"},
+        }
+
+    async def close(self) -> None:
+        if self.redis is not None:
+            await self.redis.aclose()
+
+
+def open_stores(data_dir: Path, redis_url: str | None, ledger_buffer_max: int = 50_000) -> Stores:
+    data_dir = Path(data_dir)
+    if not redis_url:
+        return Stores(
+            budgets=MemoryBudgets(data_dir / "spend.json"),
+            limiter=MemoryLimiter(),
+            cache=MemoryCache(),
+            ledger=Ledger(data_dir / "ledger.jsonl"),
+        )
+    import redis
+    import redis.asyncio
+
+    breaker = Breaker("Redis")
+    timeouts = {"socket_timeout": 0.5, "socket_connect_timeout": 0.5}
+    client = redis.asyncio.Redis.from_url(redis_url, **timeouts)
+    sync_client = redis.Redis.from_url(redis_url, **timeouts)
+    return Stores(
+        budgets=RedisBudgets(client, breaker),
+        limiter=RedisLimiter(client, breaker),
+        cache=RedisCache(client, breaker),
+        ledger=RedisLedger(sync_client, breaker, data_dir / "ledger-unsent.jsonl", ledger_buffer_max),
+        breaker=breaker,
+        redis=client,
+    )

@@ -1,0 +1,377 @@
+"""Per-tenant daily/monthly spend with reservations, so concurrent requests cannot overspend.
+
+Before a worker is called its predicted cost is *reserved* (atomically: checked against the
+budget together with what is already settled and reserved); after the call the reservation is
+*settled* with the actual cost, or *released* if the call failed. So at every moment
+`settled + reserved <= budget`, whatever the concurrency and however many replicas; a budget is
+exceeded only by the amount a request's actual cost exceeds its prediction (see README, Budgets).
+
+A reservation left behind by a crashed replica expires after `hold_s` and is reaped by the next
+reservation of that tenant. Settling is idempotent (keyed by the reservation id), so a settle
+retried after a Redis blip is never counted twice.
+
+Two backends with one behaviour: `MemoryBudgets` (one process, saved to `spend.json`) and
+`RedisBudgets` (Lua scripts, shared by replicas). Amounts are integer micro-dollars.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import secrets
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from decimal import ROUND_CEILING, Decimal
+from pathlib import Path
+from typing import Protocol
+
+from gateway.store.health import Breaker, StoreUnavailable, guarded
+from policies import Spend
+
+log = logging.getLogger("polyroute.budgets")
+
+MICRO = Decimal(1_000_000)
+DAY_TTL_S = 3 * 86400
+MONTH_TTL_S = 40 * 86400
+DEFAULT_HOLD_S = 900.0  # longer than any worker timeout × retries × fallbacks
+
+
+def to_micros(usd: Decimal) -> int:
+    """Round up: spend is never under-counted."""
+    return int((usd * MICRO).to_integral_value(rounding=ROUND_CEILING))
+
+
+def periods(now: datetime | None = None) -> tuple[str, str]:
+    now = now or datetime.now(UTC)
+    return "d:" + now.strftime("%Y-%m-%d"), "m:" + now.strftime("%Y-%m")
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """A tenant's budgets in micro-dollars (None: no limit for that period)."""
+
+    daily: int | None = None
+    monthly: int | None = None
+
+    @property
+    def any(self) -> bool:
+        return self.daily is not None or self.monthly is not None
+
+    def by_period(self) -> tuple[int | None, int | None]:
+        return self.daily, self.monthly
+
+
+@dataclass(frozen=True, slots=True)
+class Reservation:
+    id: str
+    tenant: str
+    periods: tuple[str, str]
+    micros: int
+
+
+class BudgetExceeded(Exception):
+    def __init__(self, period: str, left_micros: int, needed_micros: int) -> None:
+        self.period = period  # "daily" | "monthly"
+        self.left_micros = max(0, left_micros)
+        self.needed_micros = needed_micros
+        super().__init__(
+            f"predicted cost ${Decimal(needed_micros) / MICRO:.6f} > "
+            f"${Decimal(self.left_micros) / MICRO:.6f} left of the {period} budget"
+        )
+
+
+class Budgets(Protocol):
+    async def usage(self, tenant: str) -> Spend: ...
+    async def reserve(self, tenant: str, micros: int, limits: Limits) -> Reservation: ...
+    async def settle(self, reservation: Reservation, actual_micros: int) -> None: ...
+    async def release(self, reservation: Reservation) -> None: ...
+    def record(self, tenant: str, micros: int) -> None: ...
+    async def flush(self) -> None: ...
+    def status(self) -> dict: ...
+
+
+def _new_id() -> str:
+    return "rsv_" + secrets.token_hex(8)
+
+
+def _spend(day_micros: int, month_micros: int) -> Spend:
+    return Spend(Decimal(day_micros) / MICRO, Decimal(month_micros) / MICRO)
+
+
+class MemoryBudgets:
+    """The embedded backend: one process, saved to `<data dir>/spend.json` by `flush()`."""
+
+    def __init__(self, path: Path | None = None, hold_s: float = DEFAULT_HOLD_S) -> None:
+        self.path = path
+        self.hold_s = hold_s
+        self._settled: dict[str, int] = {}  # "tenant|d:2026-11-23" -> micros
+        self._holds: dict[str, dict[str, tuple[int, float]]] = {}  # period key -> id -> (micros, deadline)
+        self._done: deque[str] = deque(maxlen=100_000)
+        self._done_set: set[str] = set()
+        self._lock = threading.Lock()
+        self._dirty = False
+        if path is not None and path.exists():
+            try:
+                raw = json.loads(path.read_text())
+                self._settled = {k: int(v) for k, v in raw.get("settled", raw.get("micros", {})).items()}
+                self._settled = {
+                    (k if "|d:" in k or "|m:" in k else self._upgrade(k)): v for k, v in self._settled.items()
+                }
+            except (ValueError, OSError) as exc:
+                log.error("cannot read %s (%s); starting from zero spend", path, exc)
+
+    @staticmethod
+    def _upgrade(key: str) -> str:
+        """spend.json version 1 keyed periods without a d:/m: prefix."""
+        tenant, _, period = key.rpartition("|")
+        return f"{tenant}|{'d' if len(period) == 10 else 'm'}:{period}"
+
+    def _used(self, key: str, now: float) -> int:
+        holds = self._holds.get(key)
+        if holds:
+            for rid in [r for r, (_, deadline) in holds.items() if deadline <= now]:
+                del holds[rid]  # a reservation nobody settled (crash): its hold ends
+        return self._settled.get(key, 0) + sum(m for m, _ in (holds or {}).values())
+
+    async def usage(self, tenant: str) -> Spend:
+        now = time.monotonic()
+        day, month = periods()
+        with self._lock:
+            return _spend(self._used(f"{tenant}|{day}", now), self._used(f"{tenant}|{month}", now))
+
+    async def reserve(self, tenant: str, micros: int, limits: Limits) -> Reservation:
+        now = time.monotonic()
+        reservation = Reservation(_new_id(), tenant, periods(), micros)
+        keys = [f"{tenant}|{p}" for p in reservation.periods]
+        with self._lock:
+            for key, limit, name in zip(keys, limits.by_period(), ("daily", "monthly"), strict=True):
+                if limit is not None and (used := self._used(key, now)) + micros > limit:
+                    raise BudgetExceeded(name, limit - used, micros)
+            for key in keys:
+                self._holds.setdefault(key, {})[reservation.id] = (micros, now + self.hold_s)
+        return reservation
+
+    async def settle(self, reservation: Reservation, actual_micros: int) -> None:
+        with self._lock:
+            if reservation.id in self._done_set:
+                return
+            if len(self._done) == self._done.maxlen:
+                self._done_set.discard(self._done[0])
+            self._done.append(reservation.id)
+            self._done_set.add(reservation.id)
+            for period in reservation.periods:
+                key = f"{reservation.tenant}|{period}"
+                self._holds.get(key, {}).pop(reservation.id, None)
+                if actual_micros > 0:
+                    self._settled[key] = self._settled.get(key, 0) + actual_micros
+                    self._dirty = True
+
+    async def release(self, reservation: Reservation) -> None:
+        await self.settle(reservation, 0)
+
+    def record(self, tenant: str, micros: int) -> None:
+        if micros <= 0:
+            return
+        with self._lock:
+            for period in periods():
+                key = f"{tenant}|{period}"
+                self._settled[key] = self._settled.get(key, 0) + micros
+            self._dirty = True
+
+    async def flush(self) -> None:
+        await asyncio.to_thread(self.save)
+
+    def save(self) -> None:
+        """Write atomically if anything changed; past periods are dropped (only today/this month count)."""
+        if self.path is None or not self._dirty:
+            return
+        current = periods()
+        with self._lock:
+            self._settled = {
+                k: v for k, v in self._settled.items() if k.endswith(tuple("|" + p for p in current))
+            }
+            payload = {"version": 2, "settled": dict(self._settled)}
+            self._dirty = False
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(payload))
+        os.replace(tmp, self.path)
+
+    def status(self) -> dict:
+        return {"backend": "memory", "ok": True}
+
+
+# KEYS: hash per period (fields: settled, reserved, r:<id>), then a zset of hold deadlines per period.
+# ARGV: id, micros, then per period: limit (-1: none), ttl_s. Times come from Redis (TIME), so
+# replicas with skewed clocks agree on when a hold expires.
+RESERVE_LUA = """
+local n = #KEYS / 2
+local id, micros, hold_ms = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+for i = 1, n do
+  local h, z = KEYS[i], KEYS[n + i]
+  for _, rid in ipairs(redis.call('ZRANGEBYSCORE', z, '-inf', now)) do
+    local amt = tonumber(redis.call('HGET', h, 'r:' .. rid) or '0')
+    redis.call('HDEL', h, 'r:' .. rid)
+    redis.call('HINCRBY', h, 'reserved', -amt)
+    redis.call('ZREM', z, rid)
+  end
+end
+for i = 1, n do
+  local limit = tonumber(ARGV[2 + 2 * i])
+  if limit >= 0 then
+    local used = tonumber(redis.call('HGET', KEYS[i], 'settled') or '0')
+      + tonumber(redis.call('HGET', KEYS[i], 'reserved') or '0')
+    if used + micros > limit then return {0, i, limit - used} end
+  end
+end
+for i = 1, n do
+  local ttl = tonumber(ARGV[3 + 2 * i])
+  redis.call('HSET', KEYS[i], 'r:' .. id, micros)
+  redis.call('HINCRBY', KEYS[i], 'reserved', micros)
+  redis.call('ZADD', KEYS[n + i], now + hold_ms, id)
+  redis.call('EXPIRE', KEYS[i], ttl)
+  redis.call('EXPIRE', KEYS[n + i], ttl)
+end
+return {1, 0, 0}
+"""
+
+# KEYS: hashes per period, zsets per period, the done-marker. ARGV: id, actual micros, ttl per period.
+SETTLE_LUA = """
+local n = (#KEYS - 1) / 2
+if not redis.call('SET', KEYS[#KEYS], '1', 'NX', 'EX', 172800) then return 0 end
+local id, actual = ARGV[1], tonumber(ARGV[2])
+for i = 1, n do
+  local h, z = KEYS[i], KEYS[n + i]
+  local amt = redis.call('HGET', h, 'r:' .. id)
+  if amt then
+    redis.call('HDEL', h, 'r:' .. id)
+    redis.call('HINCRBY', h, 'reserved', -tonumber(amt))
+    redis.call('ZREM', z, id)
+  end
+  if actual > 0 then redis.call('HINCRBY', h, 'settled', actual) end
+  redis.call('EXPIRE', h, tonumber(ARGV[2 + i]))
+end
+return 1
+"""
+
+TTLS = (DAY_TTL_S, MONTH_TTL_S)
+
+
+class RedisBudgets:
+    """Budgets shared by replicas. Reserve fails closed (StoreUnavailable) when Redis is down;
+    settles, releases and plain spend records that fail are kept (bounded) and retried by flush()."""
+
+    PREFIX = "polyroute:budget:"
+
+    def __init__(self, redis, breaker: Breaker, hold_s: float = DEFAULT_HOLD_S, pending_max: int = 100_000):
+        self._redis = redis
+        self.breaker = breaker
+        self.hold_s = hold_s
+        self._reserve = redis.register_script(RESERVE_LUA)
+        self._settle = redis.register_script(SETTLE_LUA)
+        self._pending: deque[tuple[Reservation, int]] = deque()  # settles to retry
+        self._unsent: dict[tuple[str, str], int] = {}  # (tenant, period) -> micros not yet added
+        self.pending_max = pending_max
+        self.dropped = 0
+
+    def _keys(self, tenant: str, period_names: tuple[str, ...]) -> tuple[list[str], list[str]]:
+        base = f"{self.PREFIX}{{{tenant}}}:"  # hash tag: one tenant's keys share a cluster slot
+        return [base + p for p in period_names], [base + p + ":holds" for p in period_names]
+
+    async def _call(self, call):
+        return await guarded(self.breaker, call)
+
+    async def usage(self, tenant: str) -> Spend:
+        hashes, _ = self._keys(tenant, periods())
+
+        async def read():
+            pipe = self._redis.pipeline(transaction=False)
+            for h in hashes:
+                pipe.hmget(h, "settled", "reserved")
+            return await pipe.execute()
+
+        rows = await self._call(read)
+        used = [sum(int(v or 0) for v in row) for row in rows]
+        return _spend(used[0], used[1])
+
+    async def reserve(self, tenant: str, micros: int, limits: Limits) -> Reservation:
+        reservation = Reservation(_new_id(), tenant, periods(), micros)
+        hashes, zsets = self._keys(tenant, reservation.periods)
+        args: list[object] = [reservation.id, micros, int(self.hold_s * 1000)]
+        for limit, ttl in zip(limits.by_period(), TTLS, strict=True):
+            args += [-1 if limit is None else limit, ttl]
+        ok, index, left = await self._call(lambda: self._reserve(keys=[*hashes, *zsets], args=args))
+        if not ok:
+            raise BudgetExceeded(("daily", "monthly")[int(index) - 1], int(left), micros)
+        return reservation
+
+    async def _send_settle(self, reservation: Reservation, actual_micros: int) -> None:
+        hashes, zsets = self._keys(reservation.tenant, reservation.periods)
+        done = f"{self.PREFIX}{{{reservation.tenant}}}:done:{reservation.id}"
+        await self._call(
+            lambda: self._settle(keys=[*hashes, *zsets, done], args=[reservation.id, actual_micros, *TTLS])
+        )
+
+    async def settle(self, reservation: Reservation, actual_micros: int) -> None:
+        try:
+            await self._send_settle(reservation, actual_micros)
+        except StoreUnavailable:
+            self._keep((reservation, actual_micros))
+
+    async def release(self, reservation: Reservation) -> None:
+        await self.settle(reservation, 0)
+
+    def _keep(self, item: tuple[Reservation, int]) -> None:
+        if len(self._pending) >= self.pending_max:
+            self.dropped += 1
+            log.error("budget settle buffer full (%d); dropping the oldest settle", self.pending_max)
+            self._pending.popleft()
+        self._pending.append(item)
+
+    def record(self, tenant: str, micros: int) -> None:
+        """Spend of a tenant without a budget: added in batches by flush(), not on the request path."""
+        if micros <= 0:
+            return
+        for period in periods():
+            self._unsent[(tenant, period)] = self._unsent.get((tenant, period), 0) + micros
+
+    async def flush(self) -> None:
+        """Send batched spend and retry kept settles; on failure everything stays for the next flush."""
+        if self._unsent:
+            batch, self._unsent = self._unsent, {}
+
+            async def send():
+                pipe = self._redis.pipeline(transaction=False)
+                for (tenant, period), micros in batch.items():
+                    key = self._keys(tenant, (period,))[0][0]
+                    pipe.hincrby(key, "settled", micros)
+                    pipe.expire(key, DAY_TTL_S if period.startswith("d:") else MONTH_TTL_S)
+                await pipe.execute()
+
+            try:
+                await self._call(send)
+            except StoreUnavailable:
+                for key, micros in batch.items():
+                    self._unsent[key] = self._unsent.get(key, 0) + micros
+                return
+        while self._pending:
+            reservation, actual = self._pending[0]
+            try:
+                await self._send_settle(reservation, actual)
+            except StoreUnavailable:
+                return
+            self._pending.popleft()
+
+    def status(self) -> dict:
+        return {
+            "backend": "redis",
+            **self.breaker.status(),
+            "pending_settles": len(self._pending),
+            "dropped_settles": self.dropped,
+        }

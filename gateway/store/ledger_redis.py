@@ -1,0 +1,168 @@
+"""The ledger in Redis, shared by replicas: one stream entry per request and per feedback.
+
+A request must not wait for Redis nor fail because of it, so records go to a bounded in-process
+buffer that a background task sends in batches (`flush()`). While Redis is unreachable the buffer
+holds up to `buffer_max` records (oldest dropped beyond that, counted and logged); at shutdown
+whatever could not be sent is written to `<data dir>/ledger-unsent.jsonl` and sent on the next
+start, so a brief outage or a restart during one loses nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import asdict
+from pathlib import Path
+
+from gateway.ledger import FeedbackRecord, RequestRecord
+from gateway.store.health import Breaker, StoreUnavailable, is_redis_error
+
+log = logging.getLogger("polyroute.ledger")
+
+STREAM = "polyroute:ledger"
+INDEX_PREFIX = "polyroute:ledger:req:"
+INDEX_TTL_S = 90 * 86400  # feedback is accepted for 90 days after the request
+BATCH = 500
+
+
+class RedisLedger:
+    def __init__(self, redis, breaker: Breaker, spill_path: Path, buffer_max: int = 50_000) -> None:
+        self._redis = redis  # a synchronous client: flush() runs in a worker thread
+        self.breaker = breaker
+        self.spill_path = Path(spill_path)
+        self.buffer_max = buffer_max
+        self._buffer: deque[dict] = deque()
+        self._recent: dict[str, tuple[str, str | None]] = {}  # ids still in the buffer
+        self._lock = threading.Lock()
+        self.dropped = 0
+        self._load_spill()
+
+    # ---- writing ---------------------------------------------------------------------------
+    def _enqueue(self, payload: dict) -> None:
+        with self._lock:
+            if len(self._buffer) >= self.buffer_max:
+                lost = self._buffer.popleft()
+                self.dropped += 1
+                if self.dropped == 1 or self.dropped % 1000 == 0:
+                    log.error(
+                        "ledger buffer full (%d records, Redis unreachable): dropped %d so far (oldest %s)",
+                        self.buffer_max,
+                        self.dropped,
+                        lost.get("id") or lost.get("request_id"),
+                    )
+            self._buffer.append(payload)
+            if payload["type"] == "request":
+                self._recent[payload["id"]] = (payload["tenant"], payload.get("worker"))
+
+    def record_request(self, record: RequestRecord) -> None:
+        self._enqueue(asdict(record))
+
+    def record_feedback(self, record: FeedbackRecord) -> None:
+        self._enqueue(asdict(record))
+
+    def flush(self) -> int:
+        """Send buffered records in batches; returns how many were sent. Blocking: run in a thread."""
+        sent = 0
+        while True:
+            with self._lock:
+                batch = [self._buffer[i] for i in range(min(BATCH, len(self._buffer)))]
+            if not batch:
+                return sent
+            try:
+                self.breaker.check()
+                pipe = self._redis.pipeline(transaction=False)
+                for payload in batch:
+                    pipe.xadd(STREAM, {"r": json.dumps(payload, ensure_ascii=False, separators=(",", ":"))})
+                    if payload["type"] == "request":
+                        who = json.dumps([payload["tenant"], payload.get("worker")])
+                        pipe.set(INDEX_PREFIX + payload["id"], who, ex=INDEX_TTL_S)
+                pipe.execute()
+            except StoreUnavailable:
+                return sent
+            except Exception as exc:
+                if not is_redis_error(exc):
+                    raise
+                self.breaker.failure(exc)
+                return sent
+            self.breaker.success()
+            with self._lock:
+                for payload in batch:  # only these: records appended meanwhile stay
+                    if self._buffer and self._buffer[0] is payload:
+                        self._buffer.popleft()
+                    if payload["type"] == "request":
+                        self._recent.pop(payload["id"], None)
+            sent += len(batch)
+
+    @property
+    def buffered(self) -> int:
+        return len(self._buffer)
+
+    # ---- reading ---------------------------------------------------------------------------
+    def lookup(self, request_id: str) -> tuple[str, str | None] | None:
+        with self._lock:
+            found = self._recent.get(request_id)
+        if found is not None:
+            return found
+        try:
+            self.breaker.check()
+            raw = self._redis.get(INDEX_PREFIX + request_id)
+        except StoreUnavailable:
+            raise
+        except Exception as exc:
+            if is_redis_error(exc):
+                raise self.breaker.failure(exc) from exc
+            raise
+        if raw is None:
+            return None
+        tenant, worker = json.loads(raw)
+        return tenant, worker
+
+    def records(self) -> Iterator[dict]:
+        """Every record in Redis, oldest first, read in pages (then any still buffered here)."""
+        start = "-"
+        while True:
+            page = self._redis.xrange(STREAM, min=start, max="+", count=1000)
+            if not page:
+                break
+            for _entry_id, fields in page:
+                yield json.loads(fields[b"r"] if b"r" in fields else fields["r"])
+            last = page[-1][0]
+            start = "(" + (last.decode() if isinstance(last, bytes) else last)
+        with self._lock:
+            yield from list(self._buffer)
+
+    def status(self) -> dict:
+        return {
+            "backend": "redis",
+            **self.breaker.status(),
+            "buffered": len(self._buffer),
+            "dropped": self.dropped,
+        }
+
+    # ---- shutdown and restart ------------------------------------------------------------
+    def close(self) -> None:
+        """Last flush; what still cannot be sent is spilled to disk for the next start."""
+        self.flush()
+        with self._lock:
+            left = list(self._buffer)
+            self._buffer.clear()
+        if not left:
+            return
+        with open(self.spill_path, "a", encoding="utf-8") as fh:
+            for payload in left:
+                fh.write(json.dumps(payload, ensure_ascii=False, separators=(",", ":")) + "\n")
+        os.chmod(self.spill_path, 0o600)
+        log.error("Redis unreachable at shutdown: %d ledger records kept in %s", len(left), self.spill_path)
+
+    def _load_spill(self) -> None:
+        if not self.spill_path.exists():
+            return
+        kept = [json.loads(line) for line in self.spill_path.read_text(encoding="utf-8").splitlines() if line]
+        self.spill_path.unlink()
+        for payload in kept:
+            self._enqueue(payload)
+        log.warning("re-queued %d ledger records kept at the last shutdown", len(kept))
