@@ -135,7 +135,6 @@ class RedisServer:
     def __init__(self) -> None:
         import shutil
         import socket
-        import subprocess
 
         binary = shutil.which("redis-server")
         if binary is None:
@@ -146,8 +145,15 @@ class RedisServer:
             sock.bind(("127.0.0.1", 0))
             self.port = sock.getsockname()[1]
         self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.binary = binary
+        self.start()
+
+    def start(self) -> None:
+        """Launch (or relaunch, on the same port) and wait until it answers PING."""
+        import subprocess
+
         self.proc = subprocess.Popen(
-            [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+            [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )

@@ -101,7 +101,9 @@ def open_stores(data_dir: Path, redis_url: str | None, ledger_buffer_max: int = 
 
     breaker = Breaker("Redis")
     timeouts = {"socket_timeout": 0.5, "socket_connect_timeout": 0.5}
-    client = redis.asyncio.Redis.from_url(redis_url, **timeouts)
+    # A blocking pool: a burst of requests waits for a free connection instead of failing.
+    pool = redis.asyncio.BlockingConnectionPool.from_url(redis_url, max_connections=64, timeout=2, **timeouts)
+    client = redis.asyncio.Redis(connection_pool=pool)
     sync_client = redis.Redis.from_url(redis_url, **timeouts)
     return Stores(
         budgets=RedisBudgets(client, breaker),
