@@ -156,6 +156,17 @@ async def admin_revoke_key(key_id: str, request: Request) -> JSONResponse:
     return JSONResponse(record.public())
 
 
+@router.get("/admin/spend/{tenant}")
+async def admin_spend(tenant: str, request: Request) -> JSONResponse:
+    """A tenant's spend today and this month (settled plus what in-flight requests hold)."""
+    state = _state(request)
+    state.auth.admin(request)
+    usage = await _usage(state, tenant)
+    return JSONResponse(
+        {"tenant": tenant, "daily_usd": f"{usage.daily_usd:f}", "monthly_usd": f"{usage.monthly_usd:f}"}
+    )
+
+
 @router.get("/admin/workers")
 async def admin_workers(request: Request) -> JSONResponse:
     state = _state(request)
