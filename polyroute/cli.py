@@ -24,6 +24,8 @@ policies_app = typer.Typer(help="Validate a policy file and explain its decision
 app.add_typer(policies_app, name="policies")
 router_app = typer.Typer(help="Train, evaluate, inspect and roll back the learned router.")
 app.add_typer(router_app, name="router")
+ledger_app = typer.Typer(help="The request ledger (file, or Redis when REDIS_URL is set).")
+app.add_typer(ledger_app, name="ledger")
 
 DEFAULT_ROUTELLM = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "routellm"
 Backend = Annotated[str, typer.Option(help="query embedding: static (fast) or transformer (MiniLM forward)")]
@@ -47,8 +49,11 @@ def _key_store(data_dir: Path | None):
     """The store a gateway with the same environment uses: Redis if REDIS_URL is set, else the file."""
     from gateway.keys import open_key_store
 
-    redis_url = os.environ.get("POLYROUTE_REDIS_URL") or os.environ.get("REDIS_URL")
-    return open_key_store(_data_dir(data_dir), redis_url, reload_interval_s=0)
+    return open_key_store(_data_dir(data_dir), _redis_url(), reload_interval_s=0)
+
+
+def _redis_url() -> str | None:
+    return os.environ.get("POLYROUTE_REDIS_URL") or os.environ.get("REDIS_URL") or None
 
 
 def _prepare_local_models(catalog, models_dir: Path) -> None:
@@ -130,10 +135,12 @@ def keys_create(
     tenant: Annotated[str, typer.Option(help="tenant the key belongs to")] = "default",
     name: Annotated[str, typer.Option(help="a label for people")] = "",
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="print only the key")] = False,
+    rpm: Annotated[int | None, typer.Option(min=1, help="this key's requests per minute")] = None,
+    tpm: Annotated[int | None, typer.Option(min=1, help="this key's tokens per minute")] = None,
     data_dir: DataDir = None,
 ) -> None:
     """Create a key. The key is printed once; only its hash is stored."""
-    record, plaintext = _key_store(data_dir).create(tenant, name)
+    record, plaintext = _key_store(data_dir).create(tenant, name, rpm=rpm, tpm=tpm)
     if quiet:
         print(plaintext)
         return
@@ -327,7 +334,7 @@ def router_train(
     """Train a quality model and save it as a new version; a running gateway swaps to it."""
     import numpy as np
 
-    from gateway.ledger import Ledger, training_rows
+    from gateway.ledger import training_rows
     from policies import load_catalog
     from router import ledger_dataset, save_artifact, train_artifact
 
@@ -346,9 +353,13 @@ def router_train(
         renames[source] = target
     output_tokens: dict[str, float] = {}
     if from_ledger:
-        ledger = Ledger(_data_dir(data_dir) / "ledger.jsonl")
-        records = list(ledger.records())
-        ledger.close()
+        from gateway.ledger_export import ledger_records
+
+        try:
+            records = list(ledger_records(_data_dir(data_dir), _redis_url()))
+        except FileNotFoundError as exc:
+            console.print(f"[red]{exc}[/]")
+            raise typer.Exit(1) from None
         try:
             texts, turns, labels, workers = ledger_dataset(training_rows(iter(records)))
         except ValueError as exc:
@@ -362,7 +373,10 @@ def router_train(
             ]
             if tokens:
                 output_tokens[worker] = float(np.median(tokens))
-        sources = {"ledger": str(_data_dir(data_dir) / "ledger.jsonl"), "rows": len(texts)}
+        sources = {
+            "ledger": "redis" if _redis_url() else str(_data_dir(data_dir) / "ledger.jsonl"),
+            "rows": len(texts),
+        }
     else:
         from router.datasets import load_routellm
 
@@ -480,6 +494,61 @@ def router_eval(
 
     run_routellm_eval(fit_predict, _routellm_root(data), out, plot, seed=seed)
     console.print(f"wrote {out} and {plot}")
+
+
+@ledger_app.command("export")
+def ledger_export(
+    out: Annotated[
+        Path | None, typer.Option("--out", "-o", help="file to write; JSONL to stdout if omitted")
+    ] = None,
+    fmt: Annotated[
+        str | None, typer.Option("--format", "-f", help="jsonl or parquet (default: from --out's suffix)")
+    ] = None,
+    kind: Annotated[str, typer.Option("--type", help="request, feedback or all")] = "all",
+    since: Annotated[str | None, typer.Option(help="only records at or after this date (YYYY-MM-DD)")] = None,
+    data_dir: DataDir = None,
+) -> None:
+    """Export the ledger (one record per request and per feedback) as JSONL or Parquet."""
+    from datetime import UTC, datetime
+
+    from gateway.ledger_export import ledger_records, select, write_jsonl, write_parquet
+
+    fmt = (fmt or ("parquet" if out is not None and out.suffix == ".parquet" else "jsonl")).lower()
+    if fmt not in ("jsonl", "parquet"):
+        raise typer.BadParameter("use jsonl or parquet", param_hint="--format")
+    if kind not in ("request", "feedback", "all"):
+        raise typer.BadParameter("use request, feedback or all", param_hint="--type")
+    if fmt == "parquet" and out is None:
+        raise typer.BadParameter("Parquet needs a file: give --out", param_hint="--out")
+    try:
+        floor = datetime.strptime(since, "%Y-%m-%d").replace(tzinfo=UTC) if since else None
+    except ValueError:
+        raise typer.BadParameter(f"{since!r} is not a date like 2026-11-23", param_hint="--since") from None
+    redis_url = _redis_url()
+    source = "Redis" if redis_url else str(_data_dir(data_dir) / "ledger.jsonl")
+    records = select(ledger_records(_data_dir(data_dir), redis_url), kind, floor)
+    with Progress(
+        TextColumn("exporting {task.fields[source]}"),
+        TextColumn("{task.completed} records"),
+        console=console,
+        transient=True,
+    ) as progress:
+        task = progress.add_task("export", source=source, total=None)
+        tick = lambda: progress.advance(task)  # noqa: E731
+        try:
+            if fmt == "parquet":
+                count = write_parquet(records, out, tick)
+            else:
+                count = write_jsonl(records, out, tick)
+        except FileNotFoundError as exc:
+            console.print(f"[red]{exc}[/]")
+            raise typer.Exit(1) from None
+        except Exception as exc:
+            if type(exc).__module__.startswith("redis"):
+                console.print(f"[red]cannot read the ledger from Redis: {exc}[/]")
+                raise typer.Exit(1) from None
+            raise
+    console.print(f"exported {count} records from {source} as {fmt}" + (f" to {out}" if out else ""))
 
 
 if __name__ == "__main__":

@@ -30,10 +30,10 @@ BATCH = 500
 
 
 class RedisLedger:
-    def __init__(self, redis, breaker: Breaker, spill_path: Path, buffer_max: int = 50_000) -> None:
+    def __init__(self, redis, breaker: Breaker, spill_path: Path | None, buffer_max: int = 50_000) -> None:
         self._redis = redis  # a synchronous client: flush() runs in a worker thread
         self.breaker = breaker
-        self.spill_path = Path(spill_path)
+        self.spill_path = Path(spill_path) if spill_path is not None else None  # None: a reader only
         self.buffer_max = buffer_max
         self._buffer: deque[dict] = deque()
         self._recent: dict[str, tuple[str, str | None]] = {}  # ids still in the buffer
@@ -152,6 +152,9 @@ class RedisLedger:
             self._buffer.clear()
         if not left:
             return
+        if self.spill_path is None:
+            log.error("Redis unreachable at shutdown: %d ledger records lost (no spill file)", len(left))
+            return
         with open(self.spill_path, "a", encoding="utf-8") as fh:
             for payload in left:
                 fh.write(json.dumps(payload, ensure_ascii=False, separators=(",", ":")) + "\n")
@@ -159,7 +162,7 @@ class RedisLedger:
         log.error("Redis unreachable at shutdown: %d ledger records kept in %s", len(left), self.spill_path)
 
     def _load_spill(self) -> None:
-        if not self.spill_path.exists():
+        if self.spill_path is None or not self.spill_path.exists():
             return
         kept = [json.loads(line) for line in self.spill_path.read_text(encoding="utf-8").splitlines() if line]
         self.spill_path.unlink()

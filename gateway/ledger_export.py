@@ -1,0 +1,124 @@
+"""Reading the ledger wherever it lives (file or Redis) and exporting it as JSONL or Parquet.
+
+The export is what the router trains on and what finance reconciles against, so every record
+type keeps every field: requests and feedback share one Parquet schema (fields a type lacks
+are null), written in row groups so a ledger of millions of records never sits in memory.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+
+BATCH_ROWS = 10_000
+
+
+def ledger_records(data_dir: Path, redis_url: str | None) -> Iterator[dict]:
+    """Every ledger record, oldest first: from Redis when a URL is given, else `<data dir>/ledger.jsonl`."""
+    if redis_url:
+        import redis
+
+        from gateway.store.health import Breaker
+        from gateway.store.ledger_redis import RedisLedger
+
+        client = redis.Redis.from_url(redis_url, socket_timeout=5, socket_connect_timeout=2)
+        yield from RedisLedger(client, Breaker("Redis"), spill_path=None).records()
+        return
+    from gateway.ledger import Ledger
+
+    path = Path(data_dir) / "ledger.jsonl"
+    if not path.exists():
+        raise FileNotFoundError(f"no ledger at {path} (has this gateway served a request?)")
+    ledger = Ledger(path)
+    try:
+        yield from ledger.records()
+    finally:
+        ledger.close()
+
+
+def select(records: Iterator[dict], kind: str, since: datetime | None) -> Iterator[dict]:
+    floor = since.timestamp() if since else None
+    for record in records:
+        if kind != "all" and record.get("type") != kind:
+            continue
+        if floor is not None and float(record.get("at", 0)) < floor:
+            continue
+        yield record
+
+
+def parquet_schema():
+    import pyarrow as pa
+
+    return pa.schema(
+        [
+            ("type", pa.string()),
+            ("at", pa.timestamp("ms", tz="UTC")),
+            ("id", pa.string()),
+            ("request_id", pa.string()),
+            ("tenant", pa.string()),
+            ("model", pa.string()),
+            ("worker", pa.string()),
+            ("strategy", pa.string()),
+            ("status", pa.int32()),
+            ("prompt_tokens", pa.int64()),
+            ("completion_tokens", pa.int64()),
+            ("cost_micros", pa.int64()),
+            ("latency_ms", pa.float64()),
+            ("policy_version", pa.string()),
+            ("router_version", pa.string()),
+            ("data_class", pa.string()),
+            ("fallbacks", pa.list_(pa.string())),
+            ("query", pa.string()),
+            ("turns", pa.int32()),
+            ("score", pa.float64()),
+        ]
+    )
+
+
+def _row(record: dict, names: list[str]) -> dict:
+    row = {name: record.get(name) for name in names}
+    if row["at"] is not None:
+        row["at"] = datetime.fromtimestamp(float(row["at"]), UTC)
+    if row["fallbacks"] is not None:
+        row["fallbacks"] = list(row["fallbacks"])
+    return row
+
+
+def write_jsonl(records: Iterator[dict], out: Path | None, tick: Callable[[], None]) -> int:
+    fh = sys.stdout if out is None else open(out, "w", encoding="utf-8")  # noqa: SIM115
+    count = 0
+    try:
+        for record in records:
+            fh.write(json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n")
+            count += 1
+            tick()
+    finally:
+        if out is not None:
+            fh.close()
+    return count
+
+
+def write_parquet(records: Iterator[dict], out: Path, tick: Callable[[], None]) -> int:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    schema = parquet_schema()
+    names = schema.names
+    count = 0
+    tmp = out.with_suffix(out.suffix + ".partial")  # a failed export never leaves a truncated file
+    with pq.ParquetWriter(tmp, schema, compression="zstd") as writer:
+        batch: list[dict] = []
+        for record in records:
+            batch.append(_row(record, names))
+            count += 1
+            tick()
+            if len(batch) >= BATCH_ROWS:
+                writer.write_table(pa.Table.from_pylist(batch, schema=schema))
+                batch = []
+        if batch or count == 0:
+            writer.write_table(pa.Table.from_pylist(batch, schema=schema))
+    tmp.replace(out)
+    return count

@@ -1,0 +1,115 @@
+"""`polyroute ledger export`: JSONL and Parquet, from the file ledger and from Redis."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import pyarrow.parquet as pq
+
+from gateway.ledger import FeedbackRecord, Ledger, RequestRecord
+from gateway.store.health import Breaker
+from gateway.store.ledger_redis import RedisLedger
+from tests.test_cli import polyroute, run_cli
+
+
+def _records() -> list:
+    old = time.time() - 10 * 86400
+    return [
+        RequestRecord(
+            id="req_old", tenant="acme", model="auto", worker="cheap", strategy="cheapest", status=200, at=old
+        ),
+        RequestRecord(
+            id="req_1",
+            tenant="acme",
+            model="auto",
+            worker="mid",
+            strategy="learned",
+            status=200,
+            prompt_tokens=12,
+            completion_tokens=30,
+            cost_micros=77,
+            latency_ms=12.5,
+            policy_version="v3",
+            router_version="r7",
+            data_class="internal",
+            fallbacks=("cheap",),
+            query="what is GCRA?",
+        ),
+        FeedbackRecord("req_1", "acme", 0.75, "mid"),
+    ]
+
+
+def test_file_ledger_to_jsonl_and_parquet(tmp_path):
+    ledger = Ledger(tmp_path / "ledger.jsonl")
+    for record in _records():
+        (ledger.record_feedback if isinstance(record, FeedbackRecord) else ledger.record_request)(record)
+    ledger.close()
+
+    jsonl = polyroute("ledger", "export", "--type", "request", data_dir=tmp_path)
+    assert jsonl.returncode == 0, jsonl.stderr
+    rows = [json.loads(line) for line in jsonl.stdout.splitlines()]
+    assert [r["id"] for r in rows] == ["req_old", "req_1"] and "exported 2 records" in jsonl.stderr
+
+    out = tmp_path / "ledger.parquet"
+    parquet = polyroute(
+        "ledger", "export", "--out", str(out), "--since", time.strftime("%Y-%m-%d"), data_dir=tmp_path
+    )
+    assert parquet.returncode == 0, parquet.stderr
+    table = pq.read_table(out).to_pylist()
+    assert [r["type"] for r in table] == ["request", "feedback"]  # the old request is before --since
+    request, feedback = table
+    assert (
+        request["fallbacks"] == ["cheap"]
+        and request["cost_micros"] == 77
+        and request["query"] == "what is GCRA?"
+    )
+    assert request["score"] is None and feedback["score"] == 0.75 and feedback["request_id"] == "req_1"
+    assert not list(tmp_path.glob("*.partial"))
+
+
+def test_export_errors_are_clear(tmp_path):
+    missing = polyroute("ledger", "export", data_dir=tmp_path)
+    assert missing.returncode == 1 and "no ledger at" in missing.stderr
+    bad = polyroute("ledger", "export", "--format", "csv", data_dir=tmp_path)
+    assert bad.returncode == 2 and "jsonl or parquet" in bad.stderr
+    no_file = polyroute("ledger", "export", "--format", "parquet", data_dir=tmp_path)
+    assert no_file.returncode == 2 and "--out" in no_file.stderr
+
+
+def test_redis_ledger_export(redis_server, tmp_path):
+    import redis
+
+    client = redis.Redis.from_url(redis_server.url)
+    client.flushdb()
+    ledger = RedisLedger(client, Breaker("Redis"), tmp_path / "unsent.jsonl")
+    for record in _records():
+        (ledger.record_feedback if isinstance(record, FeedbackRecord) else ledger.record_request)(record)
+    assert ledger.flush() == 3
+    env = {**os.environ, "REDIS_URL": redis_server.url}
+    exported = run_cli("ledger", "export", "--type", "feedback", "--data-dir", str(tmp_path), env=env)
+    assert exported.returncode == 0, exported.stderr
+    assert [json.loads(line)["request_id"] for line in exported.stdout.splitlines()] == ["req_1"]
+    down = run_cli(
+        "ledger",
+        "export",
+        "--data-dir",
+        str(tmp_path),
+        env={**os.environ, "REDIS_URL": "redis://127.0.0.1:1/0"},
+    )
+    assert down.returncode == 1 and "cannot read the ledger from Redis" in down.stderr
+
+
+def test_keys_create_with_limits(tmp_path):
+    created = polyroute(
+        "keys", "create", "--tenant", "acme", "--rpm", "60", "--tpm", "1000", "-q", data_dir=tmp_path
+    )
+    assert created.returncode == 0, created.stderr
+    rows = [
+        json.loads(line)
+        for line in polyroute("keys", "list", "--json", data_dir=tmp_path).stdout.splitlines()
+    ]
+    assert rows[0]["rpm"] == 60 and rows[0]["tpm"] == 1000
+    refused = polyroute("keys", "create", "--rpm", "0", data_dir=tmp_path)
+    assert refused.returncode == 2
