@@ -169,7 +169,9 @@ async def test_redis_down_then_back(tmp_path):
         with pytest.raises(StoreUnavailable):
             await stores.budgets.reserve("acme", 10, limits)  # budgets fail closed
         with pytest.raises(StoreUnavailable):
-            await stores.limiter.check("acme", [Limit("key:k|rpm", "requests", 5, 1)])  # the caller fails open
+            await stores.limiter.check(
+                "acme", [Limit("key:k|rpm", "requests", 5, 1)]
+            )  # the caller fails open
         assert await stores.cache.get("acme", "k") is None  # cache fails open: a miss
         await stores.cache.put("acme", "k", b"x", 60)  # and a write is skipped, not raised
         assert time.monotonic() - started < 2.0  # the breaker answers at once after the first failure
@@ -185,7 +187,9 @@ async def test_redis_down_then_back(tmp_path):
 
 
 def _request(n: int) -> RequestRecord:
-    return RequestRecord(id=f"req_{n}", tenant="acme", model="auto", worker="cheap", strategy="cheapest", status=200)
+    return RequestRecord(
+        id=f"req_{n}", tenant="acme", model="auto", worker="cheap", strategy="cheapest", status=200
+    )
 
 
 def test_redis_ledger_buffers_bounded_spills_and_resends(tmp_path):
@@ -194,7 +198,9 @@ def test_redis_ledger_buffers_bounded_spills_and_resends(tmp_path):
     server = RedisServer()
     spill = tmp_path / "ledger-unsent.jsonl"
     try:
-        ledger = RedisLedger(redis.Redis.from_url(server.url, socket_timeout=0.5), Breaker("Redis"), spill, 100)
+        ledger = RedisLedger(
+            redis.Redis.from_url(server.url, socket_timeout=0.5), Breaker("Redis"), spill, 100
+        )
         ledger.record_request(_request(0))
         assert ledger.flush() == 1 and ledger.buffered == 0
         server.stop()
