@@ -19,7 +19,7 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
-from gateway import caching, ratelimits
+from gateway import caching, compose, ratelimits
 from gateway.body import read_model
 from gateway.errors import APIError, error_response
 from gateway.ledger import RequestRecord, storable_query
@@ -55,9 +55,16 @@ def admission_for(
             code="policy_unavailable",
         )
     version = {"x-polyroute-policy-version": engine.version}
-    known = chat.model == AUTO or chat.model in engine.policy.aliases or state.catalog.get(chat.model)
+    # A workflow (compose:<name>) draws from the same pool as auto, under the same rules.
+    model = AUTO if chat.model.startswith(compose.PREFIX) else chat.model
+    known = model == AUTO or model in engine.policy.aliases or state.catalog.get(model)
     if not known:
-        names = ["auto", *engine.policy.aliases, *state.catalog.names]
+        names = [
+            "auto",
+            *(compose.PREFIX + w for w in compose.WORKFLOWS),
+            *engine.policy.aliases,
+            *state.catalog.names,
+        ]
         raise APIError(
             404,
             f"The model '{chat.model}' does not exist. Use one of: {', '.join(names)}",
@@ -67,7 +74,7 @@ def admission_for(
         )
     policy_request = PolicyRequest(
         tenant=tenant,
-        model=chat.model,
+        model=model,
         texts=chat.texts(),
         data_class=chat.metadata_str("data_class") or request.headers.get(DATA_CLASS_HEADER),
         prompt_chars=chat.prompt_chars(),
@@ -267,11 +274,12 @@ class Exchange:
     reservation: Reservation | None = None
     started: float = field(default_factory=time.perf_counter)
 
-    async def hold(self, state: AppState, worker) -> None:
-        """Reserve this worker's predicted cost on the tenant's budget before calling it."""
+    async def hold(self, state: AppState, worker, micros: int | None = None) -> None:
+        """Reserve this worker's predicted cost (or `micros`) on the tenant's budget before calling it."""
         if not self.budget.any:
             return
-        micros = to_micros(predicted_cost(worker, self.chat.prompt_chars(), self.chat.output_budget()))
+        if micros is None:
+            micros = to_micros(predicted_cost(worker, self.chat.prompt_chars(), self.chat.output_budget()))
         try:
             self.reservation = await state.stores.budgets.reserve(self.tenant, micros, self.budget)
         except BudgetExceeded as exc:
@@ -297,6 +305,7 @@ class Exchange:
         completion_tokens: int = 0,
         cost: Decimal = Decimal(0),
         strategy: str | None = None,
+        trace: dict | None = None,
     ) -> None:
         """Settle the budget hold with the actual cost, correct the token limits, write the ledger."""
         micros = to_micros(cost)
@@ -327,6 +336,7 @@ class Exchange:
                 fallbacks=tuple(f.worker for f in failures),
                 query=storable_query(self.chat.last_user_text(), self.admission.data_class),
                 turns=self.chat.user_turns(),
+                trace=trace,
             )
         )
 
@@ -377,6 +387,7 @@ async def chat_completions(request: Request) -> Response:
             )
         route = route_request(request, chat, admission, tenant.cost_weight if tenant else None)
         decision = await decide(state, route, chat, admission, router)
+        composition = await compose.plan(state, request, chat, route, decision, router)
     except APIError as err:
         return _refused(state, err, headers)
     exchange = Exchange(
@@ -393,6 +404,10 @@ async def chat_completions(request: Request) -> Response:
     )
     if cache_plan is not None:
         exchange.headers[caching.CACHE_HEADER] = "miss"
+    if composition.note:
+        exchange.headers[compose.COMPOSE_HEADER] = composition.note
+    if composition.workflow is not None:
+        return await compose.respond(state, request, exchange, composition)
     log.debug("request %s tenant=%s -> %s", request_id, key.tenant, [w.name for w in decision.workers])
     if chat.stream:
         return await _stream(state, exchange)

@@ -43,6 +43,7 @@ class RequestRecord:
     fallbacks: tuple[str, ...] = ()
     query: str | None = None
     turns: int = 1
+    trace: dict | None = None  # a composed request's steps (workers, costs, verdicts)
     at: float = field(default_factory=time.time)
     type: str = "request"
 

@@ -32,6 +32,18 @@ class Settings(BaseModel):
         50_000, ge=100, description="ledger records kept in memory while Redis is unreachable"
     )
     store_flush_interval_s: float = Field(0.2, gt=0, description="how often buffered ledger/spend is sent")
+    compose_auto: bool = Field(True, description="let a learned router choose a cascade under model=auto")
+    compose_max_cost_usd: float = Field(
+        0.10, gt=0, description="a workflow's cost ceiling (metadata.max_cost_usd lowers it)"
+    )
+    compose_step_timeout_s: float = Field(60.0, gt=0)
+    compose_verifier: str = Field("auto", pattern="^(auto|model|judge|consistency)$")
+    compose_verifier_accuracy: float = Field(
+        0.75, gt=0.5, le=1.0, description="α in the cascade's predicted gain"
+    )
+    compose_depth: int = Field(2, ge=2, le=5, description="cascade levels")
+    compose_members: int = Field(3, ge=2, le=8, description="ensemble members (debate: members − 1, 2 to 3)")
+    compose_rounds: int = Field(2, ge=1, le=5, description="builder/verifier rounds")
     router_dir: Path | None = Field(
         None, description="None: <data_dir>/router (models from `polyroute router train`)"
     )

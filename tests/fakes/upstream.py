@@ -40,6 +40,7 @@ class Behaviour:
     prompt_tokens: int | None = None  # reported usage; None counts words
     completion_tokens: int | None = None
     tool_call: dict[str, Any] | None = None  # {"name": ..., "arguments": "..."} when tools are sent
+    replies: dict[str, str] | None = None  # substring of the last user message -> text (first match wins)
     calls: int = field(default=0, repr=False)
 
 
@@ -126,6 +127,10 @@ class FakeUpstream:
             return JSONResponse({"error": error}, behaviour.status, headers=headers)
 
         text = _last_user_text(body) if behaviour.text == ECHO else behaviour.text
+        for needle, reply in (behaviour.replies or {}).items():
+            if needle in _last_user_text(body):
+                text = reply
+                break
         prompt_tokens = behaviour.prompt_tokens or _prompt_word_count(body)
         completion_tokens = behaviour.completion_tokens or len(text.split()) or 1
         usage = {

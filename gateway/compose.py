@@ -1,0 +1,335 @@
+"""Composition on the request path: whether to compose, running the workflow, answering.
+
+`model="compose:<workflow>"` forces a workflow; under `model="auto"` a learned router may choose
+a cascade when its predicted utility beats the best single worker (router/compose/choose.py).
+A workflow draws only from the admissible pool, in the router's order; a request with tools, or
+a pool of one worker, is answered in fast mode and says so (`x-polyroute-compose`). The whole
+workflow reserves its cost ceiling on the tenant's budget up front and settles the actual total;
+each step is checked against that ceiling before it runs. The final answer is returned as a
+chat.completion or streamed as SSE chunks; the trace (every step's worker, cost, verdict) goes
+to the ledger and, with `x-polyroute-trace: 1`, to the client.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import zlib
+from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
+from pathlib import Path
+from typing import Any
+
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+
+from gateway.errors import APIError, error_response
+from gateway.schemas import ChatCompletionRequest
+from policies import Worker
+from router import RouteDecision, RouteRequest
+from router.compose import (
+    PREFIX,
+    WORKFLOWS,
+    Answer,
+    BuilderVerifier,
+    Cascade,
+    ConsistencyVerifier,
+    Debate,
+    Ensemble,
+    JudgeVerifier,
+    ModelVerifier,
+    Run,
+    predict_cascade,
+    requested_workflow,
+    should_cascade,
+)
+
+log = logging.getLogger("polyroute.compose")
+
+__all__ = ["COMPOSE_HEADER", "PREFIX", "TRACE_HEADER", "WORKFLOWS", "Composition", "plan", "respond"]
+
+COMPOSE_HEADER = "x-polyroute-compose"
+TRACE_HEADER = "x-polyroute-trace"
+SAMPLING = (
+    "temperature",
+    "top_p",
+    "stop",
+    "max_tokens",
+    "max_completion_tokens",
+    "presence_penalty",
+    "frequency_penalty",
+    "seed",
+)
+ACCEPTANCE_FILE = "acceptance.joblib"
+STREAM_CHUNK_CHARS = 48
+
+
+@dataclass
+class Composition:
+    workflow: str | None = None  # None: fast mode
+    pool: tuple[Worker, ...] = ()
+    reason: str = ""
+    note: str = ""  # why composition was degraded or chosen, for the header
+    cost_weight: float = 0.5
+
+
+def _by_strength(decision: RouteDecision, router, route: RouteRequest) -> tuple[Worker, ...]:
+    """Strongest first: by predicted quality with a learned router, else by price (a proxy)."""
+    pool = decision.workers
+    if router.name == "learned":
+        quality = {e.worker: e.quality for e in router.estimates(route, list(pool))}
+        return tuple(sorted(pool, key=lambda w: -quality.get(w.name, 0.0)))
+    return tuple(sorted(pool, key=lambda w: (-w.output_price_per_m, -w.input_price_per_m, w.name)))
+
+
+async def plan(
+    state, request: Request, chat: ChatCompletionRequest, route: RouteRequest, decision, router
+) -> Composition:
+    try:
+        forced = requested_workflow(chat.model)
+    except ValueError as exc:
+        raise APIError(404, str(exc), code="model_not_found", param="model") from None
+    settings = state.settings
+    weight = route.cost_weight if route.cost_weight is not None else settings.cost_weight
+    if forced is None:
+        if chat.model != "auto" or not settings.compose_auto or router.name != "learned" or chat.tools:
+            return Composition()
+        if decision.strategy != "fast" or len(decision.workers) < 2:
+            return Composition()
+        import asyncio
+
+        estimates = await asyncio.to_thread(router.estimates, route, list(decision.workers))
+        prediction = predict_cascade(estimates, weight, settings.compose_verifier_accuracy)
+        if not should_cascade(prediction):
+            return Composition()
+        return Composition(
+            "cascade", _by_strength(decision, router, route), prediction.reason, "chosen", weight
+        )
+    if chat.tools:
+        return Composition(note=f"degraded: {forced} does not take tools; answered in fast mode")
+    if len(decision.workers) < 2:
+        return Composition(
+            note=f"degraded: only one admissible worker ({decision.workers[0].name}); fast mode"
+        )
+    pool = _by_strength(decision, router, route) if forced == "cascade" else decision.workers
+    return Composition(forced, pool, f"{PREFIX}{forced} requested", "requested", weight)
+
+
+def _ceiling(state, chat: ChatCompletionRequest) -> Decimal:
+    raw = (chat.metadata or {}).get("max_cost_usd")
+    ceiling = Decimal(repr(state.settings.compose_max_cost_usd))
+    if raw is None:
+        return ceiling
+    try:
+        asked = Decimal(str(raw))
+    except InvalidOperation:
+        asked = Decimal(-1)
+    if not asked.is_finite() or asked <= 0:
+        raise APIError(
+            400,
+            "metadata.max_cost_usd must be a positive number of USD",
+            param="metadata.max_cost_usd",
+            code="invalid_value",
+        )
+    return min(asked, ceiling)
+
+
+def _verifier(state, pool: tuple[Worker, ...], chat: ChatCompletionRequest):
+    kind = (chat.metadata or {}).get("verifier") or state.settings.compose_verifier
+    model_path = Path(state.router.root) / ACCEPTANCE_FILE
+    if kind in ("auto", "model") and model_path.exists():
+        import joblib
+
+        return ModelVerifier(joblib.load(model_path))
+    if kind == "model":
+        raise APIError(
+            400,
+            f"no acceptance model at {model_path}: run `polyroute router eval --strategy cascade "
+            "--save-acceptance`",
+            param="metadata.verifier",
+            code="invalid_value",
+        )
+    if kind == "consistency":
+        return ConsistencyVerifier(samples=3)
+    if kind in ("auto", "judge"):
+        return JudgeVerifier(pool[0])
+    raise APIError(
+        400,
+        "metadata.verifier must be auto, model, consistency or judge",
+        param="metadata.verifier",
+        code="invalid_value",
+    )
+
+
+def workflow_for(state, composition: Composition, chat: ChatCompletionRequest):
+    settings, metadata = state.settings, chat.metadata or {}
+    if composition.workflow == "cascade":
+        return Cascade(_verifier(state, composition.pool, chat), depth=settings.compose_depth)
+    if composition.workflow == "ensemble":
+        return Ensemble(members=settings.compose_members, concurrency=settings.compose_members)
+    if composition.workflow == "builder":
+        tests = metadata.get("tests")
+        if tests is not None and not isinstance(tests, str):
+            raise APIError(
+                400,
+                "metadata.tests must be Python source (a string)",
+                param="metadata.tests",
+                code="invalid_value",
+            )
+        return BuilderVerifier(rounds=settings.compose_rounds, tests=tests)
+    return Debate(debaters=min(3, max(2, settings.compose_members - 1)), rounds=1)
+
+
+def _asker(state):
+    async def ask(worker: Worker, messages: list[dict[str, Any]], params: dict[str, Any]) -> Answer:
+        step = ChatCompletionRequest.model_validate({"model": worker.name, "messages": messages, **params})
+        result = await state.client.complete(worker, state.api_base(worker), step)
+        choices = result.body.get("choices") or [{}]
+        text = (choices[0].get("message") or {}).get("content") or ""
+        return Answer(
+            worker.name, text, result.prompt_tokens, result.completion_tokens, result.cost_usd, result.body
+        )
+
+    return ask
+
+
+async def respond(state, request: Request, ex, composition: Composition) -> Response:
+    """Run the workflow inside the reserved ceiling and answer (JSON or SSE) with its trace."""
+    from gateway.completions import BudgetRefusal, format_cost
+    from gateway.store import to_micros
+
+    chat = ex.chat
+    try:
+        ceiling = _ceiling(state, chat)
+        workflow = workflow_for(state, composition, chat)
+    except APIError as err:
+        err.headers = {**ex.headers, **err.headers}
+        return error_response(err)
+    strategy = f"{PREFIX}{composition.workflow}"
+    headers = {**ex.headers, "x-polyroute-strategy": strategy, "x-polyroute-route-reason": composition.reason}
+    try:
+        await ex.hold(state, composition.pool[0], micros=to_micros(ceiling))
+    except BudgetRefusal as refusal:
+        err = APIError(
+            refusal.status,
+            f"the workflow's ceiling ${ceiling:f} does not fit the budget: {refusal.message}",
+            type="insufficient_quota",
+            code=refusal.code,
+        )
+        err.headers = headers
+        await ex.finish(state, None, err.status, [refusal], strategy=strategy)
+        return error_response(err)
+    params = {k: v for k in SAMPLING if (v := getattr(chat, k)) is not None}
+    run = Run(
+        messages=chat.messages_payload(),
+        pool=composition.pool,
+        ask=_asker(state),
+        ceiling_usd=ceiling,
+        cost_weight=composition.cost_weight,
+        max_tokens=chat.output_budget(),
+        params=params,
+        step_timeout_s=state.settings.compose_step_timeout_s,
+        seed=zlib.crc32(ex.request_id.encode()),
+    )
+    try:
+        outcome = await workflow.run(run)
+    except BaseException:
+        await ex.release(state)
+        raise
+    trace = outcome.trace()
+    prompt_tokens = sum(s.prompt_tokens for s in outcome.steps)
+    completion_tokens = sum(s.completion_tokens for s in outcome.steps)
+    final = outcome.answer
+    headers |= {
+        "x-polyroute-cost-usd": format_cost(outcome.cost_usd),
+        COMPOSE_HEADER: outcome.note or composition.note,
+    }
+    if final is None:
+        await ex.finish(
+            state, None, 502, [], prompt_tokens, completion_tokens, outcome.cost_usd, strategy, trace
+        )
+        err = APIError(
+            502,
+            f"the {composition.workflow} workflow produced no answer: {outcome.note}",
+            type="server_error",
+            code="workflow_failed",
+        )
+        err.headers = headers
+        if request.headers.get(TRACE_HEADER) == "1":
+            err.message += f" (trace: {orjson.dumps(trace).decode()})"
+        return error_response(err)
+    headers["x-polyroute-worker"] = final.worker
+    await ex.finish(
+        state, final.worker, 200, [], prompt_tokens, completion_tokens, outcome.cost_usd, strategy, trace
+    )
+    state.metrics.requests.labels(final.worker, strategy, "200").inc()
+    state.metrics.latency.labels(str(chat.stream).lower()).observe(time.perf_counter() - ex.started)
+    extra = {"workflow": composition.workflow, "cost_usd": format_cost(outcome.cost_usd)}
+    if request.headers.get(TRACE_HEADER) == "1":
+        extra["trace"] = trace
+    usage = {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+    if chat.stream:
+        include_usage = bool(chat.stream_options and chat.stream_options.include_usage)
+        body = _sse(final, usage if include_usage else None, extra, ex.request_id)
+        return StreamingResponse(
+            body, media_type="text/event-stream", headers={**headers, "cache-control": "no-cache"}
+        )
+    return Response(
+        orjson.dumps(_completion(final, usage, extra, ex.request_id)),
+        media_type="application/json",
+        headers=headers,
+    )
+
+
+def _completion(final: Answer, usage: dict, extra: dict, request_id: str) -> dict[str, Any]:
+    base = final.body or {}
+    choice = (base.get("choices") or [{}])[0]
+    return {
+        "id": base.get("id") or "chatcmpl-" + request_id,
+        "object": "chat.completion",
+        "created": base.get("created") or int(time.time()),
+        "model": final.worker,
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": final.text},
+                "logprobs": None,
+                "finish_reason": choice.get("finish_reason") or "stop",
+            }
+        ],
+        "usage": usage,
+        "polyroute": extra,
+    }
+
+
+async def _sse(final: Answer, usage: dict | None, extra: dict, request_id: str):
+    """The final answer as OpenAI chunks; with include_usage, a usage chunk carrying the workflow's total."""
+    common = {
+        "id": (final.body or {}).get("id") or "chatcmpl-" + request_id,
+        "object": "chat.completion.chunk",
+        "created": int(time.time()),
+        "model": final.worker,
+    }
+
+    def chunk(delta: dict, finish: str | None = None) -> bytes:
+        payload = {
+            **common,
+            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
+        }
+        return b"data: " + orjson.dumps(payload) + b"\n\n"
+
+    yield chunk({"role": "assistant", "content": ""})
+    text = final.text
+    for start in range(0, len(text), STREAM_CHUNK_CHARS):
+        yield chunk({"content": text[start : start + STREAM_CHUNK_CHARS]})
+    yield chunk({}, "stop")
+    if usage is not None:
+        yield (
+            b"data: " + orjson.dumps({**common, "choices": [], "usage": usage, "polyroute": extra}) + b"\n\n"
+        )
+    yield b"data: [DONE]\n\n"

@@ -1,0 +1,118 @@
+"""Builder/verifier: a builder drafts, a verifier critiques against the request, the builder revises.
+
+The builder is the best-ranked worker, the verifier the next one (a different model catches
+different mistakes; the same one if the pool has one). When the request carries tests for code
+(`metadata.tests`: Python source using assert), the draft's code is run against them in a
+separate Python process with a timeout, and the result is part of the critique. Bounded rounds;
+the draft ends when the verifier approves and the tests pass, or rounds run out (last draft kept).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import sys
+import tempfile
+from pathlib import Path
+
+from router.compose.base import CeilingReached, Outcome, Run, StepFailed, user_turn
+
+CRITIQUE_PROMPT = (
+    "Check this answer to the request. If it is correct and complete, reply with the single word "
+    "APPROVED. Otherwise list the problems briefly.\n\nRequest:\n{question}\n\nAnswer:\n{draft}{tests}"
+)
+REVISE_PROMPT = (
+    "Request:\n{question}\n\nYour previous answer:\n{draft}\n\nA reviewer found these problems:\n"
+    "{critique}\n\nWrite the corrected, complete answer."
+)
+CODE_BLOCK = re.compile(r"```(?:python|py)?\s*\n(.*?)```", re.S)
+TEST_TIMEOUT_S = 10.0
+
+
+def extract_code(text: str) -> str:
+    blocks = CODE_BLOCK.findall(text)
+    return "\n\n".join(blocks) if blocks else text
+
+
+async def run_tests(code: str, tests: str, timeout_s: float = TEST_TIMEOUT_S) -> tuple[bool, str]:
+    """Run the draft's code then the tests in an isolated interpreter (-I: no site, no env paths)."""
+    with tempfile.TemporaryDirectory(prefix="polyroute-tests-") as tmp:
+        script = Path(tmp) / "check.py"
+        script.write_text(code + "\n\n" + tests + "\n", encoding="utf-8")
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-I",
+            str(script),
+            cwd=tmp,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        try:
+            _, err = await asyncio.wait_for(proc.communicate(), timeout_s)
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()
+            return False, f"the tests did not finish in {timeout_s:g} s"
+    if proc.returncode == 0:
+        return True, "all tests passed"
+    return False, err.decode("utf-8", "replace").strip().splitlines()[-1][:500] if err else "tests failed"
+
+
+class BuilderVerifier:
+    name = "builder"
+
+    def __init__(self, rounds: int = 2, tests: str | None = None) -> None:
+        if rounds < 1:
+            raise ValueError("at least one round")
+        self.rounds = rounds
+        self.tests = tests
+
+    async def run(self, run: Run) -> Outcome:
+        builder = run.pool[0]
+        verifier = run.pool[1] if len(run.pool) > 1 else run.pool[0]
+        try:
+            draft = await run.call("builder", builder, run.messages)
+        except (StepFailed, CeilingReached) as exc:
+            return Outcome(None, self.name, run.steps, f"the builder could not draft: {exc}")
+        for round_ in range(1, self.rounds + 1):
+            test_report, passed = "", True
+            if self.tests:
+                passed, result = await run_tests(extract_code(draft.text), self.tests)
+                test_report = f"\n\nTest run: {result}"
+                run.mark(f"tests: {result}")
+            try:
+                critique = await run.call(
+                    "verifier",
+                    verifier,
+                    user_turn(
+                        CRITIQUE_PROMPT.format(question=run.question, draft=draft.text, tests=test_report)
+                    ),
+                )
+            except (StepFailed, CeilingReached) as exc:
+                return Outcome(
+                    draft, self.name, run.steps, f"no review in round {round_} ({exc}): draft kept"
+                )
+            approved = critique.text.strip().upper().startswith("APPROVED")
+            run.mark("approved" if approved else "changes requested")
+            if approved and passed:
+                return Outcome(draft, self.name, run.steps, f"approved in round {round_}")
+            if round_ == self.rounds:
+                break
+            problems = critique.text if not approved else "The answer fails its tests."
+            try:
+                draft = await run.call(
+                    "builder",
+                    builder,
+                    user_turn(
+                        REVISE_PROMPT.format(
+                            question=run.question, draft=draft.text, critique=problems + test_report
+                        )
+                    ),
+                )
+            except (StepFailed, CeilingReached) as exc:
+                return Outcome(
+                    draft, self.name, run.steps, f"revision {round_} stopped ({exc}): last draft kept"
+                )
+        return Outcome(
+            draft, self.name, run.steps, f"not approved after {self.rounds} rounds: last draft kept"
+        )
