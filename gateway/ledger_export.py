@@ -74,6 +74,7 @@ def parquet_schema():
             ("query", pa.string()),
             ("turns", pa.int32()),
             ("score", pa.float64()),
+            ("trace", pa.string()),  # a composed request's steps, as JSON
         ]
     )
 
@@ -84,6 +85,8 @@ def _row(record: dict, names: list[str]) -> dict:
         row["at"] = datetime.fromtimestamp(float(row["at"]), UTC)
     if row["fallbacks"] is not None:
         row["fallbacks"] = list(row["fallbacks"])
+    if row["trace"] is not None:
+        row["trace"] = json.dumps(row["trace"], ensure_ascii=False)
     return row
 
 

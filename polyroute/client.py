@@ -49,6 +49,7 @@ class Route:
     policy_version: str | None
     fallbacks: tuple[str, ...] = ()
     cost_is_estimate: bool = False
+    compose: str | None = None  # a workflow's outcome ("accepted at level 1 of 2"), or why it was degraded
 
     @classmethod
     def from_headers(cls, headers: httpx.Headers) -> Route:
@@ -63,6 +64,7 @@ class Route:
             policy_version=headers.get("x-polyroute-policy-version"),
             fallbacks=tuple(fallbacks.split(",")) if fallbacks else (),
             cost_is_estimate=headers.get("x-polyroute-cost-basis") == "prompt-estimate",
+            compose=headers.get("x-polyroute-compose"),
         )
 
 
@@ -74,6 +76,11 @@ class ChatResult:
     @property
     def text(self) -> str:
         return self.response["choices"][0]["message"].get("content") or ""
+
+    @property
+    def trace(self) -> dict[str, Any] | None:
+        """A composed answer's steps (workers, costs, verdicts), when asked for with explain=True."""
+        return (self.response.get("polyroute") or {}).get("trace")
 
 
 def _raise_for(response: httpx.Response) -> None:
@@ -100,6 +107,10 @@ def _chat_body(messages: list[dict[str, Any]], model: str, stream: bool, params:
     return body
 
 
+def _with_explain(headers: dict[str, str], explain: bool) -> dict[str, str]:
+    return {**headers, "x-polyroute-trace": "1"} if explain else headers
+
+
 def _events(lines: Iterator[str]) -> Iterator[dict[str, Any]]:
     for line in lines:
         if not line.startswith("data:"):
@@ -122,12 +133,15 @@ class ChatStream:
         self.route = Route.from_headers(response.headers)
         self.usage: dict[str, Any] | None = None
         self.cost_usd: Decimal | None = None
+        self.trace: dict[str, Any] | None = None
 
     def _observe(self, chunk: dict[str, Any]) -> None:
         if chunk.get("usage"):
             self.usage = chunk["usage"]
         if chunk.get("polyroute", {}).get("cost_usd") is not None:
             self.cost_usd = Decimal(chunk["polyroute"]["cost_usd"])
+        if chunk.get("polyroute", {}).get("trace") is not None:
+            self.trace = chunk["polyroute"]["trace"]
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         try:
@@ -163,14 +177,22 @@ class Client:
         return {"authorization": f"Bearer {key}"}
 
     def chat(
-        self, messages: list[dict[str, Any]], model: str = "auto", stream: bool = False, **params: Any
+        self,
+        messages: list[dict[str, Any]],
+        model: str = "auto",
+        stream: bool = False,
+        explain: bool = False,
+        **params: Any,
     ) -> ChatResult | ChatStream:
+        """`model="compose:cascade"` (ensemble, builder, debate) runs a workflow; `explain=True`
+        returns its trace (`result.trace`, or `stream.trace` once a stream has ended)."""
         body = _chat_body(messages, model, stream, params)
+        headers = _with_explain(self._headers(), explain)
         if not stream:
-            response = self._http.post("/v1/chat/completions", json=body, headers=self._headers())
+            response = self._http.post("/v1/chat/completions", json=body, headers=headers)
             _raise_for(response)
             return ChatResult(response.json(), Route.from_headers(response.headers))
-        request = self._http.build_request("POST", "/v1/chat/completions", json=body, headers=self._headers())
+        request = self._http.build_request("POST", "/v1/chat/completions", json=body, headers=headers)
         response = self._http.send(request, stream=True)
         if response.status_code >= 400:
             response.read()
@@ -219,19 +241,23 @@ class AsyncClient:
             raise PolyrouteError(401, "no API key given to the client")
         return {"authorization": f"Bearer {self.api_key}"}
 
-    async def chat(self, messages: list[dict[str, Any]], model: str = "auto", **params: Any) -> ChatResult:
+    async def chat(
+        self, messages: list[dict[str, Any]], model: str = "auto", explain: bool = False, **params: Any
+    ) -> ChatResult:
         response = await self._http.post(
-            "/v1/chat/completions", json=_chat_body(messages, model, False, params), headers=self._headers()
+            "/v1/chat/completions",
+            json=_chat_body(messages, model, False, params),
+            headers=_with_explain(self._headers(), explain),
         )
         _raise_for(response)
         return ChatResult(response.json(), Route.from_headers(response.headers))
 
     async def chat_stream(
-        self, messages: list[dict[str, Any]], model: str = "auto", **params: Any
+        self, messages: list[dict[str, Any]], model: str = "auto", explain: bool = False, **params: Any
     ) -> AsyncIterator[tuple[dict[str, Any], Route]]:
         body = _chat_body(messages, model, True, params)
         async with self._http.stream(
-            "POST", "/v1/chat/completions", json=body, headers=self._headers()
+            "POST", "/v1/chat/completions", json=body, headers=_with_explain(self._headers(), explain)
         ) as resp:
             if resp.status_code >= 400:
                 await resp.aread()

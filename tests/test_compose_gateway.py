@@ -249,3 +249,76 @@ def test_the_trace_is_kept_in_the_ledger(gateway, upstream):
     record = next(json.loads(line) for line in lines if request_id in line)
     assert record["strategy"] == "compose:cascade" and record["trace"]["workflow"] == "cascade"
     assert [s["worker"] for s in record["trace"]["steps"]] == ["cheap", "pricey"]
+
+
+# ---- the SDK and the router's own choice -----------------------------------------------------
+def test_sdk_explain_returns_the_trace(gateway, upstream):
+    from polyroute import Client
+
+    upstream.behave("cheap-model", text="42")
+    upstream.behave("pricey-model", replies={JUDGE: "8"})
+    with Client(gateway.url, api_key=gateway.api_key) as client:
+        result = client.chat([{"role": "user", "content": QUESTION}], model="compose:cascade", explain=True)
+        assert result.text == "42" and result.route.strategy == "compose:cascade"
+        assert result.route.compose.startswith("accepted") and result.trace["final_worker"] == "cheap"
+        stream = client.chat(
+            [{"role": "user", "content": QUESTION}], model="compose:cascade", stream=True, explain=True
+        )
+        assert "".join(c["choices"][0]["delta"].get("content", "") for c in stream if c["choices"]) == "42"
+        assert stream.trace["workflow"] == "cascade" and stream.cost_usd > 0
+        plain = client.chat([{"role": "user", "content": QUESTION}], model="compose:cascade")
+        assert plain.trace is None
+
+
+def test_auto_chooses_a_cascade_when_its_predicted_utility_wins(upstream, tmp_path):
+    """A learned router that finds cheap right on 2/3 of estimates and pricey always right:
+    (calibrated: ≈ 0.74 and ≈ 0.99) a cascade, predicted ≈ 0.93 at ≈ 40% of pricey's cost, beats
+    both alone at λ = 0.3."""
+    import numpy as np
+
+    from router import save_artifact, train_artifact
+
+    estimates = [
+        f"Estimate the number of {thing} in a typical city, roughly."
+        for thing in (
+            "cars",
+            "trees",
+            "dogs",
+            "bikes",
+            "shops",
+            "schools",
+            "parks",
+            "bridges",
+            "buses",
+            "cats",
+        )
+    ] * 6
+    greetings = [f"Say hello to my friend number {i} in a warm and friendly tone." for i in range(60)]
+    cheap_right = [float(i // 10 in (0, 1, 2, 5)) for i in range(len(estimates))]  # 4 of each 6 copies
+    labels = np.array([[c, 1.0] for c in cheap_right] + [[1.0, 1.0]] * len(greetings))
+    artifact = train_artifact(
+        estimates + greetings, [1] * 120, labels, ["cheap", "pricey"], backend="static", model="logreg"
+    )
+    save_artifact(tmp_path / "data" / "router", artifact)
+    gw = start_gateway(parse_catalog(catalog_yaml_for(upstream.url)), tmp_path / "data")
+    try:
+        upstream.behave("cheap-model", text="about 40000")
+        upstream.behave("pricey-model", replies={JUDGE: "9"})
+        body = {
+            "model": "auto",
+            "messages": [
+                {"role": "user", "content": "Estimate the number of cars in a typical city, roughly."}
+            ],
+        }
+        answer = httpx.post(
+            gw.v1 + "/chat/completions", headers={**gw.auth(), "x-polyroute-cost-weight": "0.3"}, json=body
+        )
+        assert answer.status_code == 200 and answer.headers["x-polyroute-strategy"] == "compose:cascade"
+        assert "cascade cheap->pricey predicted utility" in answer.headers["x-polyroute-route-reason"]
+        greeting = {**body, "messages": [{"role": "user", "content": greetings[0]}]}
+        fast = httpx.post(gw.v1 + "/chat/completions", headers=gw.auth(), json=greeting)
+        assert (
+            fast.headers["x-polyroute-strategy"] == "fast" and fast.headers["x-polyroute-worker"] == "cheap"
+        )
+    finally:
+        gw.server.stop()

@@ -48,7 +48,7 @@ class CascadePrediction:
     @property
     def reason(self) -> str:
         return (
-            f"cascade {self.cheap}→{self.strong} predicted utility {self.utility:.3f} vs "
+            f"cascade {self.cheap}->{self.strong} predicted utility {self.utility:.3f} vs "
             f"{self.fast_utility:.3f} for {self.fast_worker} alone"
         )
 

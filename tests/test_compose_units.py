@@ -1,0 +1,78 @@
+"""The pieces of composition that need no worker: the predicted gain, the acceptance model and
+its threshold, final-answer extraction."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+import numpy as np
+import pytest
+
+from router.compose import (
+    AcceptanceModel,
+    acceptance_threshold,
+    final_answer,
+    predict_cascade,
+    requested_workflow,
+    should_cascade,
+)
+from router.decide import Estimate
+
+
+def test_cascade_gain_formula():
+    cheap, strong = Estimate("cheap", 0.6, Decimal("0.001")), Estimate("strong", 1.0, Decimal("0.010"))
+    p = predict_cascade([cheap, strong], cost_weight=0.5, verifier_accuracy=0.75)
+    assert p.quality == pytest.approx(0.6 * 1.0 + 0.4 * 0.75)  # = 0.9
+    assert float(p.cost_usd) == pytest.approx(0.001 + (0.6 * 0.25 + 0.4 * 0.75) * 0.010)
+    assert p.utility == pytest.approx(0.9 - 0.5 * float(p.cost_usd) / 0.010)
+    assert should_cascade(p) and p.fast_worker == "cheap"
+    # a cheap worker that is always right: nothing to gain
+    assert not should_cascade(predict_cascade([Estimate("cheap", 1.0, Decimal("0.001")), strong], 0.5, 0.75))
+    # quality first (λ = 0): the strong worker alone wins over an imperfect verifier
+    assert not should_cascade(predict_cascade([cheap, strong], 0.0, 0.75))
+    assert predict_cascade([strong], 0.5, 0.75) is None
+
+
+def test_threshold_follows_the_cost_weight():
+    assert acceptance_threshold(0.5) == pytest.approx(0.5)
+    assert acceptance_threshold(0.0) > acceptance_threshold(0.5) > acceptance_threshold(1.0)
+    assert 0.1 <= acceptance_threshold(100) and acceptance_threshold(-5) <= 0.9
+
+
+def test_requested_workflow_names():
+    assert requested_workflow("compose:debate") == "debate" and requested_workflow("auto") is None
+    with pytest.raises(ValueError, match="compose:cascade"):
+        requested_workflow("compose:chaos")
+
+
+def test_final_answer_extraction():
+    assert final_answer("so 6 * 7 = 42\n#### 42") == "42"
+    assert final_answer("The answer is 1,234.") == "1234"
+    assert final_answer("We get 3 then 5") == "5"
+    assert final_answer("The answer is yes") == "yes"
+
+
+def test_acceptance_model_learns_that_wrong_arithmetic_is_wrong():
+    right = [
+        (f"What is {a} times {b}?", f"{a} * {b} = <<{a}*{b}={a * b}>>{a * b}\n#### {a * b}")
+        for a in range(2, 30)
+        for b in (3, 4)
+    ]
+    wrong = [
+        (f"What is {a} times {b}?", f"{a} * {b} = <<{a}*{b}={a * b + 1}>>{a * b + 1}\n#### {a * b + 1}")
+        for a in range(2, 30)
+        for b in (3, 4)
+    ]
+    queries = [q for q, _ in right + wrong]
+    answers = [a for _, a in right + wrong]
+    labels = [True] * len(right) + [False] * len(wrong)
+    model = AcceptanceModel().fit(queries, answers, labels)
+    p = model.predict_proba(
+        ["What is 31 times 5?", "What is 31 times 5?"],
+        ["31*5 = <<31*5=155>>155\n#### 155", "31*5 = <<31*5=150>>150\n#### 150"],
+    )
+    assert p[0] > 0.8 > 0.2 > p[1]
+    again = AcceptanceModel().fit(queries, answers, labels).predict_proba(queries[:5], answers[:5])
+    assert np.allclose(again, model.predict_proba(queries[:5], answers[:5]))  # deterministic
+    with pytest.raises(ValueError, match="both right and wrong"):
+        AcceptanceModel().fit(queries[:3], answers[:3], [True] * 3)
