@@ -13,7 +13,7 @@ import openai
 import pytest
 
 from policies import load_catalog, parse_catalog
-from tests.conftest import start_gateway
+from tests.conftest import catalog_yaml_for, start_gateway
 
 pytestmark = pytest.mark.slow
 
@@ -30,9 +30,11 @@ def wait_ready(gateway, timeout: float = 180.0) -> dict:
 
 
 @pytest.fixture(scope="module")
-def local_gateway(tmp_path_factory):
+def local_gateway(tmp_path_factory, upstream):
+    """The local Gemma worker, plus the test upstream's `pricey` worker for composed requests."""
     default = load_catalog()
-    catalog = default.model_copy(update={"workers": (default.get("gemma-3-270m-local"),)})
+    pricey = parse_catalog(catalog_yaml_for(upstream.url)).get("pricey")
+    catalog = default.model_copy(update={"workers": (default.get("gemma-3-270m-local"), pricey)})
     gw = start_gateway(catalog, tmp_path_factory.mktemp("local"), local_workers=True)
     yield gw
     gw.server.stop()
@@ -75,6 +77,32 @@ def test_streaming_from_real_llama_cpp(local_gateway):
     assert text.strip()
     usage = [c for c in chunks if c.usage]
     assert usage and usage[-1].usage.completion_tokens > 0  # counted by us if llama.cpp sends none
+
+
+@pytest.mark.parametrize("verdict, final", [("9", "gemma-3-270m-local"), ("1", "pricey")])
+def test_cascade_from_the_local_worker(local_gateway, upstream, verdict, final):
+    """The free local model answers first; the judge (pricey, on the test upstream) accepts or escalates."""
+    assert wait_ready(local_gateway)["ready"]
+    upstream.behave("pricey-model", text="Blue.", replies={"How likely is the proposed answer": verdict})
+    response = httpx.post(
+        local_gateway.v1 + "/chat/completions",
+        headers={**local_gateway.auth(), "x-polyroute-trace": "1"},
+        json={
+            "model": "compose:cascade",
+            "messages": [{"role": "user", "content": "Name a colour."}],
+            "max_tokens": 12,
+            "temperature": 0,
+        },
+        timeout=120,
+    )
+    assert response.status_code == 200, response.text
+    assert response.headers["x-polyroute-worker"] == final
+    steps = response.json()["polyroute"]["trace"]["steps"]
+    assert steps[0]["worker"] == "gemma-3-270m-local" and steps[0]["completion_tokens"] > 0
+    assert Decimal(steps[0]["cost_usd"]) == 0 and steps[1]["role"] == "judge"
+    judged = upstream.requests_for("pricey-model")[0]["messages"][-1]["content"]
+    assert "Name a colour." in judged  # the judge saw the question and the local model's answer
+    assert response.json()["choices"][0]["message"]["content"].strip()
 
 
 def test_missing_model_file_is_reported_and_never_called(tmp_path):
