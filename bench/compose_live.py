@@ -4,7 +4,7 @@ Starts the gateway on loopback with the embedded catalog (local workers off), se
 questions through `compose:cascade`, `compose:ensemble`, `compose:builder` and `compose:debate`
 next to fast mode, and prints per workflow: answers, steps, workers, cost and latency. Writes
 bench/results/compose_live.json. Without any provider key (OPENAI_API_KEY, ANTHROPIC_API_KEY,
-DEEPSEEK_API_KEY, TOGETHER_API_KEY, MISTRAL_API_KEY) it says so and exits 0: nothing to measure.
+DEEPSEEK_API_KEY, TOGETHERAI_API_KEY, MISTRAL_API_KEY) it says so and exits 0: nothing to measure.
 
     .venv/bin/python bench/compose_live.py [--max-cost-usd 0.05]
 """
@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from overhead import free_port, wait_http  # noqa: E402
 
-KEYS = ("OPENAI_API_KEY", "ANTHROPIC_API_KEY", "DEEPSEEK_API_KEY", "TOGETHER_API_KEY", "MISTRAL_API_KEY")
+KEYS = ("OPENAI_API_KEY", "ANTHROPIC_API_KEY", "DEEPSEEK_API_KEY", "TOGETHERAI_API_KEY", "MISTRAL_API_KEY")
 QUESTIONS = [
     "A train leaves at 9:40 and arrives at 13:05. How long is the journey in minutes?",
     "Write a Python function is_palindrome(s) that ignores case and non-letters.",
