@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gateway.auth import Authenticator
-from gateway.keys import KeyStore, open_key_store
+from gateway.keys import KeyStore, KeyStoreUnavailable, open_key_store
 from gateway.local_worker import LocalWorkerProcess
 from gateway.metrics import Metrics
 from gateway.router_state import RouterHolder
@@ -82,7 +82,13 @@ class AppState:
 
 def bootstrap_admin_key(store: KeyStore, settings: Settings) -> None:
     """First start without POLYROUTE_ADMIN_KEY: create an admin key, readable only by the operator."""
-    if settings.admin_key or store.has_admin():
+    try:
+        if settings.admin_key or store.has_admin():
+            return
+    except KeyStoreUnavailable as exc:  # Redis down at start: serve anyway, /readyz says why
+        log.error(
+            "cannot check for an admin key (%s); set POLYROUTE_ADMIN_KEY or restart once Redis is up", exc
+        )
         return
     _, plaintext = store.create(tenant="admin", name="bootstrap admin key", admin=True)
     path = Path(settings.data_dir) / "admin-key"

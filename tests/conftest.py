@@ -132,7 +132,8 @@ def anyio_backend() -> str:
 class RedisServer:
     """A real redis-server on a random loopback port, without persistence; stopped after use."""
 
-    def __init__(self) -> None:
+    def __init__(self, persist_dir: Path | None = None) -> None:
+        """`persist_dir`: keep the data across stop()/start() (append-only file), as a real Redis would."""
         import shutil
         import socket
 
@@ -146,6 +147,7 @@ class RedisServer:
             self.port = sock.getsockname()[1]
         self.url = f"redis://127.0.0.1:{self.port}/0"
         self.binary = binary
+        self.persist_dir = persist_dir
         self.start()
 
     def start(self) -> None:

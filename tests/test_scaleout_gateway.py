@@ -163,7 +163,7 @@ def test_concurrent_requests_stay_within_the_budget(make_gateway, upstream):
 
 # ---- Redis down ------------------------------------------------------------------------------
 def test_redis_down_and_back_without_restart(upstream, tmp_path):
-    server = RedisServer()
+    server = RedisServer(persist_dir=tmp_path)  # Redis keeps its data across the outage, as deployed
     policy_file = tmp_path / "policy.yaml"
     write_policy(policy_file, {"capped": {"budget": {"daily_usd": "10"}}})
     gw = start_gateway(
@@ -174,7 +174,9 @@ def test_redis_down_and_back_without_restart(upstream, tmp_path):
     )
     try:
         capped = new_key(gw, "capped")
-        assert chat(gw).status_code == 200 and chat(gw, capped).status_code == 200  # keys now verified
+        for key in (None, capped):  # both keys verified (and so remembered) while Redis is up
+            answer = chat(gw, key)
+            assert answer.status_code == 200, answer.text
         server.stop()
         # acme has no budget: served (a key verified minutes ago keeps working, the ledger buffers)
         served = chat(gw)
@@ -200,4 +202,31 @@ def test_redis_down_and_back_without_restart(upstream, tmp_path):
         assert served.headers["x-polyroute-request-id"] in ids  # written while Redis was down, not lost
     finally:
         gw.server.stop()
+        server.stop()
+
+
+def test_redis_down_at_start_then_up(upstream, tmp_path):
+    """The gateway starts without Redis (clear log, /readyz false) and recovers when it appears."""
+    from gateway import Settings, create_app
+    from tests.fakes.server import serve_in_thread
+
+    server = RedisServer()
+    server.stop()
+    settings = Settings(data_dir=tmp_path, local_workers=False, redis_url=server.url, key_reload_interval_s=0)
+    running = serve_in_thread(create_app(settings, parse_catalog(catalog_yaml_for(upstream.url))))
+    try:
+        assert httpx.get(running.url + "/healthz").status_code == 200
+        ready = httpx.get(running.url + "/readyz")
+        assert ready.status_code == 503 and ready.json()["store"]["ok"] is False
+        denied = httpx.post(
+            running.url + "/v1/chat/completions", headers={"authorization": "Bearer pr-x"}, json={}
+        )
+        assert denied.status_code == 503 and denied.json()["error"]["code"] == "key_store_unavailable"
+        server.start()
+        deadline = time.monotonic() + 10
+        while httpx.get(running.url + "/readyz").status_code != 200:
+            assert time.monotonic() < deadline, "no recovery after Redis came up"
+            time.sleep(0.1)
+    finally:
+        running.stop()
         server.stop()
