@@ -80,6 +80,7 @@ def create_app(settings: Settings | None = None, catalog: Catalog | None = None)
             await state.stores.budgets.flush()
             await asyncio.to_thread(state.stores.ledger.close)
             await state.stores.close()
+            await state.client.aclose()
             for proc in state.local.values():
                 await proc.stop()
 

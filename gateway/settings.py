@@ -26,6 +26,10 @@ class Settings(BaseModel):
     local_workers: bool = Field(True, description="start managed local (llama.cpp) workers")
     retries: int = Field(2, ge=0, le=10, description="retries per worker on 429/5xx/timeouts")
     retry_backoff_s: float = Field(0.25, ge=0)
+    fast_path: bool = Field(
+        True,
+        description="OpenAI-wire providers over our pooled HTTP client; false: every call via litellm.acompletion",
+    )
     key_reload_interval_s: float = Field(1.0, ge=0)
     redis_url: str | None = Field(None, description="shared state for replicas; also read from REDIS_URL")
     ledger_buffer_max: int = Field(
@@ -51,6 +55,24 @@ class Settings(BaseModel):
     cost_weight: float = Field(0.5, ge=0, description="default λ of the learned router (quality − λ·cost)")
     exploration: float = Field(0.0, ge=0, le=0.5, description="share of traffic for under-observed workers")
     exploration_min_examples: int = Field(50, ge=1)
+    # retrieval and memory (retrieval/, gateway/collections.py, gateway/memory.py)
+    qdrant_url: str | None = Field(
+        None, description="Qdrant server for collections; also read from QDRANT_URL. None: local mode"
+    )
+    qdrant_api_key: str | None = None
+    retrieval_embedder: str = Field("minilm", pattern=r"^(minilm|minilm-static)$")
+    retrieval_candidates: int = Field(100, ge=1, le=2000, description="BM25/dense candidates per stage")
+    retrieval_chunk_words: int = Field(200, ge=20, le=4000)
+    retrieval_chunk_overlap: int = Field(40, ge=0, le=1000)
+    retrieval_max_upload_bytes: int = Field(32 * 1024 * 1024, gt=0, description="one ingest request")
+    memory_index_size: int = Field(8, ge=1, le=50, description="memory index entries (layer 0)")
+    memory_snippets: int = Field(2, ge=0, le=20, description="top entries that also get a passage")
+    memory_pages: int = Field(2, ge=1, le=5, description="index pages: the first shown, the rest via 'more'")
+    memory_max_expansions: int = Field(3, ge=0, le=10, description="memory_expand calls per request")
+    memory_mode: str = Field("rrf", pattern=r"^(bm25_dense|rrf|bm25|dense)$")
+    memory_default_collections: str | None = Field(
+        None, description="tenant defaults for chat memory, e.g. 'acme=handbook,faq;globex=docs'"
+    )
 
     @classmethod
     def from_env(cls, env: dict[str, str] | os._Environ[str] = os.environ, **overrides) -> Settings:
@@ -61,5 +83,7 @@ class Settings(BaseModel):
                 values[name] = raw
         if "redis_url" not in values and env.get("REDIS_URL"):
             values["redis_url"] = env["REDIS_URL"]  # the conventional name, as DESIGN.md uses it
+        if "qdrant_url" not in values and env.get("QDRANT_URL"):
+            values["qdrant_url"] = env["QDRANT_URL"]
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls.model_validate(values)

@@ -130,7 +130,12 @@ def build_state(settings: Settings, catalog: Catalog | None = None) -> AppState:
             settings.exploration_min_examples,
         ),
         metrics=metrics,
-        client=WorkerClient(metrics, retries=settings.retries, backoff_s=settings.retry_backoff_s),
+        client=WorkerClient(
+            metrics,
+            retries=settings.retries,
+            backoff_s=settings.retry_backoff_s,
+            fast_path=settings.fast_path,
+        ),
         policy=policy,
         stores=open_stores(data_dir, settings.redis_url, settings.ledger_buffer_max),
     )

@@ -3,6 +3,14 @@
 Fallback across workers is the caller's job (it owns the admissible pool); this module retries one
 worker on transient failures (429, 5xx, timeouts, connection errors) and classifies the final
 failure as one the next worker may fix (`fallback=True`) or one the client must fix.
+
+Two ways to reach a worker, chosen once per worker (and cached):
+- OpenAI-wire providers (openai and OpenAI-compatible servers, together_ai, deepseek, mistral,
+  hosted_vllm): litellm's provider transforms build the request, which goes out over our pooled
+  HTTP client (gateway/wire.py) — a fraction of `litellm.acompletion`'s CPU per call and chunk.
+- Everything else (anthropic, ...) and calls litellm would bridge to the Responses API:
+  `litellm.acompletion`.
+Both give the same clean OpenAI output, retries, timeouts and error classification.
 """
 
 from __future__ import annotations
@@ -16,6 +24,7 @@ from typing import Any
 import litellm
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential_jitter
 
+from gateway import wire
 from gateway.metrics import Metrics
 from gateway.schemas import ChatCompletionRequest
 from policies import Worker
@@ -31,6 +40,8 @@ CLIENT_FAULT_STATUS = frozenset({400, 413, 422})
 MESSAGE_KEYS = ("role", "content", "tool_calls", "function_call", "refusal", "annotations", "audio")
 DELTA_KEYS = ("role", "content", "tool_calls", "function_call", "refusal")
 NANO = Decimal("0.000000001")
+STREAM_USAGE = {"include_usage": True}  # we always account; the client may not see it
+MAX_CACHED_ROUTES = 4096
 
 
 class WorkerError(Exception):
@@ -52,7 +63,9 @@ def _status_of(exc: BaseException) -> int:
 
 
 def _is_retryable(exc: BaseException) -> bool:
-    return _status_of(exc) in RETRYABLE_STATUS
+    # Cancellation (a client gone, a workflow step's timeout) is not a failure to retry: tenacity
+    # would otherwise swallow CancelledError and call the worker again.
+    return isinstance(exc, Exception) and _status_of(exc) in RETRYABLE_STATUS
 
 
 def to_worker_error(worker: Worker, exc: BaseException) -> WorkerError:
@@ -170,16 +183,26 @@ class OpenStream:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cost_usd: Decimal = field(default=Decimal(0))
-    _text_chars: int = 0
+    messages: list[dict[str, Any]] | None = None  # to count the prompt if the provider reports no usage
+    _texts: list[str] = field(default_factory=list)
+    _usage_seen: bool = False
 
     async def __aiter__(self) -> AsyncIterator[dict[str, Any]]:
         raw = self.first
+        last: dict[str, Any] = {}
         try:
             while True:
                 chunk = clean_chunk(self.worker, raw.model_dump() if hasattr(raw, "model_dump") else raw)
+                last = chunk
                 for choice in chunk["choices"]:
-                    self._text_chars += len(choice["delta"].get("content") or "")
+                    delta = choice["delta"]
+                    if delta.get("content"):
+                        self._texts.append(delta["content"])
+                    for call in delta.get("tool_calls") or ():
+                        function = call.get("function") or {}
+                        self._texts.append((function.get("name") or "") + (function.get("arguments") or ""))
                 if "usage" in chunk:
+                    self._usage_seen = True
                     self.prompt_tokens, self.completion_tokens = _usage_counts(chunk["usage"])
                     self._settle()
                     if chunk["choices"]:  # usage rode on a content chunk: split it off
@@ -191,13 +214,40 @@ class OpenStream:
                 yield chunk
                 raw = await anext(self.rest)
         except StopAsyncIteration:
-            if not self.completion_tokens and self._text_chars:
-                self.completion_tokens = max(1, self._text_chars // 4)  # provider sent no usage
-                self._settle()
+            if not self._usage_seen and (usage := self._count_usage()) is not None:
+                # The provider sent no usage: litellm's token counter stands in, as it does on its path.
+                yield {**last, "choices": [], "usage": usage}
             return
         except Exception as exc:
             self.metrics.worker_attempts.labels(self.worker.name, "mid_stream_error").inc()
             raise to_worker_error(self.worker, exc) from exc
+        finally:
+            await self.aclose()
+
+    async def aclose(self) -> None:
+        """Release the upstream connection (also when the consumer stops early)."""
+        close = getattr(self.rest, "aclose", None)
+        if close is not None:
+            try:
+                await close()
+            except Exception:  # closing a broken stream: nothing more to learn from it
+                log.debug("closing the stream of %s failed", self.worker.name, exc_info=True)
+
+    def _count_usage(self) -> dict[str, int] | None:
+        text = "".join(self._texts)
+        if not text and not self.messages:
+            return None
+        try:
+            prompt = (
+                litellm.token_counter(model=self.worker.model, messages=self.messages) if self.messages else 0
+            )
+            completion = litellm.token_counter(model=self.worker.model, text=text) if text else 0
+        except Exception:  # no tokenizer for this model: a rough 4 characters per token
+            prompt = sum(len(str(m.get("content") or "")) for m in self.messages or ()) // 4
+            completion = max(1, len(text) // 4) if text else 0
+        self.prompt_tokens, self.completion_tokens = prompt, completion
+        self._settle()
+        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
     def _settle(self) -> None:
         self.cost_usd = litellm_cost(self.worker, self.prompt_tokens, self.completion_tokens)
@@ -205,10 +255,60 @@ class OpenStream:
 
 
 class WorkerClient:
-    def __init__(self, metrics: Metrics, retries: int = 2, backoff_s: float = 0.25) -> None:
+    def __init__(
+        self, metrics: Metrics, retries: int = 2, backoff_s: float = 0.25, fast_path: bool = True
+    ) -> None:
+        """`fast_path=False` sends every call through litellm.acompletion (a diagnostic switch)."""
         self.metrics = metrics
         self.retries = retries
         self.backoff_s = backoff_s
+        self.fast_path = fast_path
+        self.pool = wire.HttpPool()
+        self._routes: dict[tuple[str, str | None, str | None], wire.WireRoute | None] = {}
+
+    @staticmethod
+    def _api_key(worker: Worker) -> str | None:
+        key = worker.api_key()
+        if key:
+            return key
+        return LOCAL_API_KEY if worker.local is not None else None
+
+    def wire_route(self, worker: Worker, api_base: str | None) -> wire.WireRoute | None:
+        """The OpenAI-wire route for this worker, or None for the litellm.acompletion path (cached)."""
+        if not self.fast_path:
+            return None
+        key = (worker.model, api_base, self._api_key(worker))
+        try:
+            return self._routes[key]
+        except KeyError:
+            pass
+        route = wire.resolve_route(worker.model, api_base, key[2])
+        if len(self._routes) >= MAX_CACHED_ROUTES:
+            self._routes.clear()
+        self._routes[key] = route
+        if route is None:
+            log.info("worker %s (%s): calls go through litellm.acompletion", worker.name, worker.model)
+        else:
+            log.info(
+                "worker %s (%s): OpenAI-wire fast path, provider %s at %s",
+                worker.name,
+                worker.model,
+                route.provider,
+                route.api_base,
+            )
+        return route
+
+    def _fast_route(
+        self, worker: Worker, api_base: str | None, chat: ChatCompletionRequest
+    ) -> wire.WireRoute | None:
+        route = self.wire_route(worker, api_base)
+        if route is None or route.bridges_to_responses(bool(chat.tools)):
+            return None
+        return route
+
+    async def aclose(self) -> None:
+        """Close the pooled upstream connections of the running event loop."""
+        await self.pool.aclose()
 
     def _kwargs(self, worker: Worker, api_base: str | None, chat: ChatCompletionRequest) -> dict[str, Any]:
         kwargs: dict[str, Any] = {
@@ -222,11 +322,9 @@ class WorkerClient:
         }
         if api_base:
             kwargs["api_base"] = api_base
-        key = worker.api_key()
+        key = self._api_key(worker)
         if key:
             kwargs["api_key"] = key
-        elif worker.local is not None:
-            kwargs["api_key"] = LOCAL_API_KEY
         return kwargs
 
     def _retrying(self) -> AsyncRetrying:
@@ -255,9 +353,22 @@ class WorkerClient:
         return result
 
     async def complete(self, worker: Worker, api_base: str | None, chat: ChatCompletionRequest) -> Completion:
-        kwargs = self._kwargs(worker, api_base, chat)
-        response = await self._with_retries(worker, lambda: litellm.acompletion(**kwargs))
-        body = clean_completion(worker, response.model_dump())
+        route = self._fast_route(worker, api_base, chat)
+        if route is None:
+            kwargs = self._kwargs(worker, api_base, chat)
+            response = await self._with_retries(worker, lambda: litellm.acompletion(**kwargs))
+            raw = response.model_dump()
+        else:
+            built: list[tuple[str, dict[str, str], bytes]] = []
+
+            async def attempt() -> dict[str, Any]:
+                if not built:  # inside the retry wrapper, so a refused parameter is classified too
+                    built.append(route.request(chat.forwarded_params(), chat.messages_payload(), False))
+                url, headers, payload = built[0]
+                return await wire.complete(self.pool, route, url, headers, payload, worker.timeout_s)
+
+            raw = await self._with_retries(worker, attempt)
+        body = clean_completion(worker, raw)
         prompt_tokens, completion_tokens = _usage_counts(body.get("usage"))
         cost = litellm_cost(worker, prompt_tokens, completion_tokens)
         self.metrics.record_usage(worker.name, prompt_tokens, completion_tokens, cost)
@@ -267,15 +378,27 @@ class WorkerClient:
         self, worker: Worker, api_base: str | None, chat: ChatCompletionRequest
     ) -> OpenStream:
         """Start a stream and wait for its first chunk; failures up to then are retried and raised."""
-        kwargs = self._kwargs(worker, api_base, chat)
-        kwargs["stream"] = True
-        kwargs["stream_options"] = {"include_usage": True}  # we always account; the client may not see it
+        route = self._fast_route(worker, api_base, chat)
+        if route is None:
+            kwargs = self._kwargs(worker, api_base, chat)
+            kwargs["stream"] = True
+            kwargs["stream_options"] = dict(STREAM_USAGE)
 
-        async def start():
-            response = await litellm.acompletion(**kwargs)
-            rest = aiter(response)
-            return await anext(rest), rest
+            async def start():
+                response = await litellm.acompletion(**kwargs)
+                rest = aiter(response)
+                return await anext(rest), rest
+
+        else:
+            built: list[tuple[str, dict[str, str], bytes]] = []
+
+            async def start():
+                if not built:
+                    params = {**chat.forwarded_params(), "stream": True, "stream_options": dict(STREAM_USAGE)}
+                    built.append(route.request(params, chat.messages_payload(), True))
+                url, headers, payload = built[0]
+                return await wire.open_stream(self.pool, route, url, headers, payload, worker.timeout_s)
 
         first, rest = await self._with_retries(worker, start)
         prompt_cost = litellm_cost(worker, max(1, chat.prompt_chars() // 4), 0)
-        return OpenStream(worker, first, rest, self.metrics, prompt_cost)
+        return OpenStream(worker, first, rest, self.metrics, prompt_cost, messages=chat.messages_payload())

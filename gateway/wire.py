@@ -1,0 +1,352 @@
+"""The OpenAI-wire fast path: litellm's provider transforms, sent over our own pooled HTTP client.
+
+For a worker whose provider speaks the OpenAI chat wire format (openai, together_ai, deepseek,
+mistral, hosted_vllm — including any OpenAI-compatible server behind a custom api_base, such as
+llama.cpp), litellm still owns the translation: `get_llm_provider` resolves provider, model name,
+api_base and key; the provider's chat config maps the OpenAI parameters (`get_optional_params`),
+builds the body (`transform_request`), the headers (`validate_environment`) and the URL
+(`get_complete_url`); litellm's exception mapping classifies upstream errors. What this module
+skips is the per-call machinery around them (SDK client set-up, logging objects, callbacks,
+response model objects, cost hooks): the request goes out over one keep-alive aiohttp
+session per event loop, responses are parsed with orjson, SSE is split here.
+
+Providers that are not OpenAI-wire (anthropic, bedrock, vertex, ...) and requests litellm would
+bridge to the Responses API stay on `litellm.acompletion` (see gateway/upstream.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import weakref
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+from urllib.parse import urlsplit
+from urllib.request import getproxies, proxy_bypass
+
+import aiohttp
+import httpx
+import litellm
+import orjson
+from litellm import LlmProviders, ProviderConfigManager
+from litellm.litellm_core_utils.exception_mapping_utils import exception_type
+from litellm.llms.openai.chat.gpt_transformation import OpenAIGPTConfig
+from litellm.main import responses_api_bridge_check
+from litellm.utils import get_optional_params
+
+log = logging.getLogger("polyroute.upstream")
+
+# litellm providers whose chat endpoint is the OpenAI wire format (request, response and SSE).
+OPENAI_WIRE_PROVIDERS = frozenset({"openai", "together_ai", "deepseek", "mistral", "hosted_vllm"})
+
+# One pool per event loop: HTTP/1.1 keep-alive to every upstream host. aiohttp rather than httpx:
+# on this path httpx/httpcore cost 1.3-2.2 ms CPU per request, aiohttp 0.17-0.28 ms (measured
+# against the test upstream; see bench/overhead_vs_litellm.py). litellm depends on aiohttp already.
+POOL_LIMIT = 1024  # open connections across all upstreams
+KEEPALIVE_S = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class WireRoute:
+    """How to reach one worker over the OpenAI wire, as litellm resolved it (computed once)."""
+
+    provider: str
+    model: str  # the provider's model name (without the "openai/" prefix)
+    api_base: str
+    api_key: str | None
+    config: OpenAIGPTConfig
+    litellm_params: MappingProxyType
+    attribution_headers: MappingProxyType
+    proxy: str | None = None  # from HTTP(S)_PROXY / NO_PROXY, as litellm's own clients honour them
+    _bridged: dict[bool, bool] = field(default_factory=dict, compare=False, hash=False)
+
+    def bridges_to_responses(self, has_function_tools: bool) -> bool:
+        """Would litellm send this request to the Responses API instead? (cached per tools/no tools)"""
+        cached = self._bridged.get(has_function_tools)
+        if cached is None:
+            tools = [{"type": "function", "function": {"name": "f"}}] if has_function_tools else None
+            try:
+                info, _ = responses_api_bridge_check(
+                    model=self.model, custom_llm_provider=self.provider, tools=tools, api_base=self.api_base
+                )
+                cached = info.get("mode") == "responses"
+            except Exception:  # litellm could not tell: let litellm itself handle the call
+                cached = True
+            self._bridged[has_function_tools] = cached
+        return cached
+
+    def request(self, chat_params: dict[str, Any], messages: list[dict[str, Any]], stream: bool):
+        """URL, headers and JSON body of one call, through the provider's litellm transforms."""
+        config, model, provider = self.config, self.model, self.provider
+        messages = config.translate_developer_role_to_system_role(messages=messages)
+        optional = get_optional_params(
+            model=model, custom_llm_provider=provider, messages=messages, **chat_params
+        )
+        litellm_params = dict(self.litellm_params)
+        body = config.transform_request(model, messages, optional, litellm_params, {})
+        extra = body.pop("extra_body", None)  # what the OpenAI SDK would merge into the JSON
+        if extra:
+            body.update(extra)
+        body.pop("extra_headers", None)
+        body.pop("extra_query", None)
+        if stream:
+            body["stream"] = True
+        elif not body.get("stream"):
+            body.pop("stream", None)  # litellm leaves a false `stream` out of the request
+        headers = config.validate_environment(
+            dict(self.attribution_headers),
+            model,
+            messages,
+            optional,
+            litellm_params,
+            self.api_key,
+            self.api_base,
+        )
+        url = config.get_complete_url(self.api_base, self.api_key, model, optional, litellm_params, stream)
+        return url, headers, orjson.dumps(body)
+
+    # ---- errors, classified by litellm's exception mapping -------------------------------------
+    def status_error(self, status: int, content: bytes, headers: Mapping[str, str]) -> Exception:
+        message = _error_message(content) or f"HTTP {status}"
+        return self._mapped(self.config.get_error_class(message, status, httpx.Headers(dict(headers))))
+
+    def _mapped(self, exc: Exception) -> Exception:
+        try:
+            exception_type(model=self.model, original_exception=exc, custom_llm_provider=self.provider)
+        except Exception as mapped:  # exception_type raises the mapped litellm exception
+            return mapped
+        return exc
+
+    def transport_error(self, exc: BaseException) -> Exception:
+        if isinstance(exc, TimeoutError):  # asyncio.timeout, aiohttp's socket timeouts
+            return litellm.Timeout(
+                message=f"no answer within the worker's timeout ({type(exc).__name__})",
+                model=self.model,
+                llm_provider=self.provider,
+            )
+        return litellm.APIConnectionError(
+            message=f"{type(exc).__name__}: {exc}".rstrip(": "), llm_provider=self.provider, model=self.model
+        )
+
+    def body_error(self, error: Any) -> Exception:
+        """An `{"error": ...}` object in a 200 body or an SSE event."""
+        message = error.get("message") if isinstance(error, dict) else str(error)
+        code = error.get("code") if isinstance(error, dict) else None
+        status = code if isinstance(code, int) and 400 <= code < 600 else 500
+        return self._mapped(self.config.get_error_class(str(message or error), status, httpx.Headers()))
+
+
+def _error_message(content: bytes) -> str:
+    try:
+        data = orjson.loads(content)
+    except orjson.JSONDecodeError:
+        return content.decode("utf-8", "replace").strip()[:1000]
+    error = data.get("error") if isinstance(data, dict) else None
+    if isinstance(error, dict) and error.get("message"):
+        return str(error["message"])
+    if isinstance(error, str):
+        return error
+    return content.decode("utf-8", "replace").strip()[:1000]
+
+
+def resolve_route(model: str, api_base: str | None, api_key: str | None) -> WireRoute | None:
+    """The wire route for a litellm model string, or None when litellm.acompletion must handle it."""
+    try:
+        name, provider, dynamic_key, base = litellm.get_llm_provider(
+            model, api_base=api_base, api_key=api_key
+        )
+    except Exception:
+        return None
+    if provider not in OPENAI_WIRE_PROVIDERS:
+        return None
+    try:
+        config = ProviderConfigManager.get_provider_chat_config(model=name, provider=LlmProviders(provider))
+    except Exception:
+        return None
+    if not isinstance(config, OpenAIGPTConfig):
+        return None
+    if provider == "openai":  # the OpenAI SDK's resolution: argument, litellm.api_base, env, default
+        base = OpenAIGPTConfig.get_api_base(api_base or base)
+        api_key = api_key or dynamic_key or OpenAIGPTConfig.get_api_key()
+    else:
+        api_key = api_key or dynamic_key
+    if not base:
+        return None
+    litellm_params = {"custom_llm_provider": provider, "api_base": base}
+    return WireRoute(
+        proxy=_env_proxy(base),
+        provider=provider,
+        model=name,
+        api_base=base,
+        api_key=api_key,
+        config=config,
+        litellm_params=MappingProxyType(litellm_params),
+        attribution_headers=MappingProxyType(dict(config.get_attribution_headers())),
+    )
+
+
+def _env_proxy(url: str) -> str | None:
+    parts = urlsplit(url)
+    if not parts.hostname or proxy_bypass(parts.hostname):
+        return None
+    return getproxies().get(parts.scheme)
+
+
+class HttpPool:
+    """One pooled keep-alive aiohttp session per event loop (a session cannot cross loops)."""
+
+    def __init__(self, limit: int = POOL_LIMIT, keepalive_s: float = KEEPALIVE_S) -> None:
+        self.limit = limit
+        self.keepalive_s = keepalive_s
+        self._sessions: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, aiohttp.ClientSession] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    def session(self) -> aiohttp.ClientSession:
+        loop = asyncio.get_running_loop()
+        session = self._sessions.get(loop)
+        if session is None or session.closed:
+            connector = aiohttp.TCPConnector(
+                limit=self.limit, limit_per_host=0, keepalive_timeout=self.keepalive_s, ttl_dns_cache=300
+            )
+            # no trust_env: aiohttp would then read netrc and the proxy env in a thread on every
+            # request; the proxy is resolved once per route instead (WireRoute.proxy)
+            session = aiohttp.ClientSession(connector=connector)
+            self._sessions[loop] = session
+        return session
+
+    async def aclose(self) -> None:
+        """Close the pool of the running loop (the others close with their loops)."""
+        session = self._sessions.pop(asyncio.get_running_loop(), None)
+        if session is not None:
+            await session.close()
+
+
+def _timeout(timeout_s: float) -> aiohttp.ClientTimeout:
+    # connect and every read within the worker's timeout; the whole call is bounded by the caller
+    return aiohttp.ClientTimeout(total=None, sock_connect=timeout_s, sock_read=timeout_s)
+
+
+async def complete(
+    pool: HttpPool, route: WireRoute, url: str, headers: dict[str, str], body: bytes, timeout_s: float
+) -> dict[str, Any]:
+    """One non-streaming call: the raw OpenAI chat.completion dict, or a litellm exception."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            async with pool.session().post(
+                url, data=body, headers=headers, timeout=_timeout(timeout_s), proxy=route.proxy
+            ) as response:
+                content = await response.read()
+                status = response.status
+                if status >= 400:
+                    raise route.status_error(status, content, response.headers)
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        raise route.transport_error(exc) from exc
+    try:
+        raw = orjson.loads(content)
+    except orjson.JSONDecodeError as exc:
+        raise route.body_error({"message": f"invalid JSON from upstream: {exc}"}) from exc
+    if not isinstance(raw, dict):
+        raise route.body_error({"message": "upstream answered with a non-object JSON body"})
+    if raw.get("error"):
+        raise route.body_error(raw["error"])
+    return raw
+
+
+async def open_stream(
+    pool: HttpPool, route: WireRoute, url: str, headers: dict[str, str], body: bytes, timeout_s: float
+) -> tuple[dict[str, Any], AsyncIterator[dict[str, Any]]]:
+    """Start a streamed call and read up to its first chunk (within the worker's timeout).
+
+    Returns the first chunk and an async generator of the rest; closing that generator (or reaching
+    its end) releases the connection. Later reads time out after `timeout_s` of silence.
+    """
+    response: aiohttp.ClientResponse | None = None
+    chunks: AsyncIterator[dict[str, Any]] | None = None
+    try:
+        async with asyncio.timeout(timeout_s):
+            response = await pool.session().post(
+                url, data=body, headers=headers, timeout=_timeout(timeout_s), proxy=route.proxy
+            )
+            if response.status >= 400:
+                content = await response.read()
+                raise route.status_error(response.status, content, response.headers)
+            chunks = _sse_chunks(route, response)
+            first = await anext(chunks)
+    except StopAsyncIteration:
+        raise route.transport_error(
+            aiohttp.ServerDisconnectedError("the stream ended before its first chunk")
+        ) from None
+    except BaseException as exc:
+        if chunks is not None:
+            await chunks.aclose()
+        elif response is not None:
+            response.close()
+        if isinstance(exc, aiohttp.ClientError | TimeoutError):
+            raise route.transport_error(exc) from exc
+        raise
+    return first, chunks
+
+
+async def _sse_chunks(route: WireRoute, response: aiohttp.ClientResponse) -> AsyncIterator[dict[str, Any]]:
+    """Server-sent events → chunk dicts, until `[DONE]` or the end; errors become litellm exceptions."""
+    buffer = b""
+    data: list[bytes] = []
+    event = b""
+    finished = False
+    try:
+        try:
+            async for piece in response.content.iter_any():
+                buffer += piece
+                if b"\n" not in piece:
+                    continue
+                *lines, buffer = buffer.split(b"\n")
+                for line in lines:
+                    if line.endswith(b"\r"):
+                        line = line[:-1]
+                    if line:
+                        if line.startswith(b"data:"):
+                            data.append(line[6:] if line[5:6] == b" " else line[5:])
+                        elif line.startswith(b"event:"):
+                            event = line[6:].strip()
+                        continue  # comments (": ping"), id:, retry: are ignored
+                    if not data:
+                        event = b""
+                        continue
+                    payload = data[0] if len(data) == 1 else b"\n".join(data)
+                    data.clear()
+                    if payload.startswith(b"[DONE]"):
+                        finished = True
+                        return
+                    chunk = _decode_event(route, payload, event)
+                    event = b""
+                    if chunk is not None:
+                        yield chunk
+            finished = True
+            if data:  # a last event without its blank line
+                payload = b"\n".join(data)
+                if not payload.startswith(b"[DONE]"):
+                    chunk = _decode_event(route, payload, event)
+                    if chunk is not None:
+                        yield chunk
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise route.transport_error(exc) from exc
+    finally:
+        if finished:
+            response.release()  # read to the end: the connection goes back to the pool
+        else:
+            response.close()  # stopped part-way: this connection cannot be reused
+
+
+def _decode_event(route: WireRoute, payload: bytes, event: bytes) -> dict[str, Any] | None:
+    try:
+        chunk = orjson.loads(payload)
+    except orjson.JSONDecodeError as exc:
+        raise route.body_error({"message": f"invalid JSON in the stream: {exc}"}) from exc
+    if not isinstance(chunk, dict):
+        return None
+    if event == b"error" or chunk.get("error"):
+        raise route.body_error(chunk.get("error") or chunk)
+    return chunk
