@@ -52,6 +52,7 @@ test-fast: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) bench/overhead.py
+	$(PY) bench/overhead_vs_litellm.py
 	$(PY) bench/policy.py
 	$(PY) bench/router.py
 
