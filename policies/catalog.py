@@ -81,6 +81,11 @@ class Worker(BaseModel):
     capabilities: tuple[str, ...] = ()
     timeout_s: float = Field(60.0, gt=0)
     local: LocalServer | None = None
+    profile_like: str | None = Field(
+        None,
+        description="Cold start: a catalog worker whose predicted quality this one starts from until its "
+        "own feedback outweighs it (router/learned.py)",
+    )
 
     @model_validator(mode="after")
     def _params_consistent(self) -> Worker:
@@ -127,6 +132,14 @@ class Catalog(BaseModel):
             if worker.name in ("auto",) or worker.name.startswith("compose:"):
                 raise ValueError(f"worker name {worker.name!r} is reserved")
             seen.add(worker.name)
+        for worker in workers:
+            if worker.profile_like is not None and (
+                worker.profile_like == worker.name or worker.profile_like not in seen
+            ):
+                raise ValueError(
+                    f"worker {worker.name!r}: profile_like {worker.profile_like!r} must name another worker "
+                    "of this catalog"
+                )
         return workers
 
     def get(self, name: str) -> Worker | None:

@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
+
 app = typer.Typer(help="polyroute: a cost-aware multi-model routing gateway.", no_args_is_help=True)
 keys_app = typer.Typer(help="Create, list and revoke API keys (stored hashed in the data dir).")
 app.add_typer(keys_app, name="keys")
@@ -462,19 +463,57 @@ def router_rollback(
     console.print(f"router {version} is in force again")
 
 
+Files = Annotated[list[Path] | None, typer.Option(help="data file, repeatable")]
+
+
 @router_app.command("eval")
 def router_eval(
-    dataset: Annotated[str, typer.Option(help="routellm")] = "routellm",
+    dataset: Annotated[str, typer.Option(help="routellm (ignored with --format)")] = "routellm",
     data: Annotated[
         Path | None, typer.Option(help="dataset folder [default: ../shared/data/routellm]")
+    ] = None,
+    fmt: Annotated[
+        str | None,
+        typer.Option(
+            "--format", help="routerbench or llmrouter: evaluate on --train/--test files of that format"
+        ),
+    ] = None,
+    train: Files = None,
+    test: Files = None,
+    prices: Annotated[
+        Path | None,
+        typer.Option(help="llmrouter price file [default: default_llm.json beside the first --train file]"),
     ] = None,
     backend: Backend = "static",
     model: ModelKind = "auto",
     seed: int = 0,
     out: Annotated[Path | None, typer.Option(help="result JSON")] = None,
     plot: Annotated[Path | None, typer.Option(help="curves PNG")] = None,
+    strategy: Annotated[
+        str, typer.Option(help="fast (route one worker) or cascade (replay GSM8K: Mixtral, then GPT-4)")
+    ] = "fast",
+    save_acceptance: Annotated[
+        bool,
+        typer.Option(
+            help="with --strategy cascade: train the acceptance model on all rows, save it to the router dir"
+        ),
+    ] = False,
+    data_dir: DataDir = None,
 ) -> None:
-    """Train on a split, evaluate on held-out data (APGR, CPT, baselines); JSON + PNG under bench/results/."""
+    """Train on a split, evaluate on held-out data; JSON + PNG.
+
+    With --format routerbench|llmrouter: train on the --train files, sweep λ on the --test files, and
+    compare with random, cheapest, best_single, knn and oracle (accuracy, cost, AIQ). Otherwise the
+    RouteLLM weak/strong evaluation (APGR, CPT) on a split of --data.
+    """
+    if strategy not in ("fast", "cascade"):
+        raise typer.BadParameter("use fast or cascade", param_hint="--strategy")
+    if strategy == "cascade":
+        _router_eval_cascade(data, seed, out, plot, save_acceptance, data_dir)
+        return
+    if fmt is not None:
+        _router_eval_files(fmt, train or [], test or [], prices, backend, model, seed, out, plot)
+        return
     if dataset != "routellm":
         console.print(f"[red]unknown dataset {dataset!r}[/] (known: routellm)")
         raise typer.Exit(2)
@@ -494,6 +533,94 @@ def router_eval(
 
     run_routellm_eval(fit_predict, _routellm_root(data), out, plot, seed=seed)
     console.print(f"wrote {out} and {plot}")
+
+
+def _router_eval_cascade(
+    data: Path | None, seed: int, out: Path | None, plot: Path | None, save: bool, data_dir: Path | None
+) -> None:
+    """The cascade replayed on RouteLLM's GSM8K responses (router/compose/evaluate.py)."""
+    from router.compose.evaluate import fit_and_save_acceptance, plot_cost_curves, run_cascade_eval, write
+
+    source = _routellm_root(data) / "gsm8k" / "gsm8k_responses.csv"
+    out = out or Path("bench/results/router_eval_cascade.json")
+    plot = plot or out.with_suffix(".png")
+    with console.status("cross-fitting the acceptance model and the fast router (5 folds)"):
+        try:
+            report = run_cascade_eval(source, seed=seed)
+        except (FileNotFoundError, ValueError) as exc:
+            console.print(f"[red]{exc}[/]")
+            raise typer.Exit(1) from None
+    write(report, out)
+    plot_cost_curves(report, plot)
+    table = Table("router", "APGR", "95% CI", "strong share for 80% of gap", "cost there / always-strong")
+    strong_cost = report["results"]["always_strong"]["cost_usd"]
+    for name in ("cascade", "fast_router", "cascade_oracle", "random", "oracle"):
+        r = report["results"][name]
+        ci = r.get("apgr_ci95")
+        table.add_row(
+            name,
+            f"{r['apgr']:.3f}",
+            f"{ci[0]:.2f}-{ci[1]:.2f}" if ci else "",
+            f"{r['cpt80']:.0%}" if r.get("cpt80") is not None else "never",
+            f"{r['cost_at_cpt80'] / strong_cost:.0%}" if r.get("cost_at_cpt80") is not None else "",
+        )
+    Console().print(table)
+    console.print(f"acceptance model AUC {report['acceptance_auc']:.3f}; wrote {out} and {plot}")
+    if save:
+        saved = fit_and_save_acceptance(source, _data_dir(data_dir) / "router" / "acceptance.joblib", seed)
+        console.print(f"saved the acceptance model to {saved} (the gateway's cascade verifier 'model')")
+
+
+def _router_eval_files(
+    fmt: str,
+    train: list[Path],
+    test: list[Path],
+    prices: Path | None,
+    backend: str,
+    model: str,
+    seed: int,
+    out: Path | None,
+    plot: Path | None,
+) -> None:
+    """`router eval --format`: any files of a known format; a bad file is one red line naming file:line."""
+    from router.multi_datasets import FORMATS
+    from router.multi_eval import DEFAULT_MODEL, MODELS
+
+    if fmt not in FORMATS:
+        raise typer.BadParameter(f"use one of {', '.join(FORMATS)}", param_hint="--format")
+    if not train or not test or out is None:
+        raise typer.BadParameter("--format needs --train FILE, --test FILE and --out RESULT.json")
+    model = DEFAULT_MODEL if model == "auto" else model
+    if model not in MODELS:
+        raise typer.BadParameter(f"use auto or one of {', '.join(MODELS)}", param_hint="--model")
+    from router.multi_eval import run_multi_eval
+
+    try:
+        run_multi_eval(fmt, train, test, out, plot, prices=prices, backend=backend, model=model, seed=seed)
+    except (ValueError, FileNotFoundError) as exc:
+        console.print(f"[red]{exc}[/]")
+        raise typer.Exit(1) from None
+    console.print(f"wrote {out}" + (f" and {plot}" if plot else ""))
+
+
+@router_app.command("split")
+def router_split(
+    fmt: Annotated[str, typer.Option("--format", help="routerbench or llmrouter")],
+    input_: Annotated[list[Path], typer.Option("--input", help="data file to split, repeatable")],
+    out_dir: Annotated[Path, typer.Option(help="writes OUT_DIR/train/<file> and OUT_DIR/test/<file>")],
+    test_fraction: float = 0.2,
+    seed: int = 0,
+) -> None:
+    """A deterministic train/test split of data files by query, stratified by task, in the same format."""
+    from router.multi_split import write_split
+
+    try:
+        counts = write_split(fmt, input_, out_dir, test_fraction, seed)
+    except (ValueError, FileNotFoundError) as exc:
+        console.print(f"[red]{exc}[/]")
+        raise typer.Exit(1) from None
+    for path, rows in counts.items():
+        console.print(f"{rows:6d} rows  {path}")
 
 
 @ledger_app.command("export")

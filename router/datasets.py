@@ -60,6 +60,9 @@ class RoutingDataset:
     meta: dict = field(default_factory=dict)
     ids: list[str] = field(default_factory=list)
     response_chars: np.ndarray | None = None
+    # USD per (question, worker) where the source records it (RouterBench) or prices it (LLMRouter);
+    # None when the dataset carries no costs (RouteLLM: the evaluation estimates them from tokens).
+    costs: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         n, k = len(self.texts), len(self.workers)
@@ -78,6 +81,11 @@ class RoutingDataset:
         if chars.shape != (n, k):
             raise ValueError(f"response_chars has shape {chars.shape}, expected ({n}, {k})")
         object.__setattr__(self, "response_chars", chars)
+        if self.costs is not None:
+            costs = np.asarray(self.costs, dtype=float)
+            if costs.shape != (n, k):
+                raise ValueError(f"costs has shape {costs.shape}, expected ({n}, {k})")
+            object.__setattr__(self, "costs", costs)
 
     def __len__(self) -> int:
         return len(self.texts)
@@ -113,6 +121,7 @@ class RoutingDataset:
             meta={**self.meta, "subset_of_rows": len(self)},
             ids=[self.ids[i] for i in rows],
             response_chars=self.response_chars[index],
+            costs=None if self.costs is None else self.costs[index],
         )
 
 

@@ -65,3 +65,23 @@ def choose(estimates: list[Estimate], cost_weight: float, min_quality: float | N
     if not top.known:
         reason += "; no data for this worker yet, prior used"
     return Choice(ranked, reason)
+
+
+def choose_many(quality, cost, cost_weight: float):
+    """:func:`choose` for many queries at once, as worker indices: row-wise argmax of
+    quality − λ·cost / (the row's most expensive worker), ties to the cheaper worker, then the lower
+    index. The offline evaluation sweeps λ over thousands of queries; this is the same rule, vectorized.
+    """
+    import numpy as np
+
+    quality = np.asarray(quality, dtype=float)
+    cost = np.asarray(cost, dtype=float)
+    if quality.shape != cost.shape or quality.ndim != 2 or quality.shape[1] == 0:
+        raise ValueError(f"quality {quality.shape} and cost {cost.shape} must be the same [n, k>0] shape")
+    if cost_weight < 0:
+        raise ValueError("cost_weight must be >= 0")
+    max_cost = cost.max(axis=1, keepdims=True)
+    normalized = np.divide(cost, max_cost, out=np.zeros_like(cost), where=max_cost > 0)
+    value = np.round(quality - cost_weight * normalized, 12)
+    best = value == value.max(axis=1, keepdims=True)
+    return np.argmin(np.where(best, cost, np.inf), axis=1)

@@ -20,6 +20,9 @@ from router.decide import Estimate, choose
 from router.rules import RouteDecision, RouteRequest, tool_capable
 
 DEFAULT_COST_WEIGHT = 0.5
+# Cold start: a worker with a catalog `profile_like` counts its profile's prediction as this many
+# labelled examples, so its own model takes over as feedback accumulates (n / (n + strength)).
+PRIOR_STRENGTH = 20
 
 
 class LearnedRouter:
@@ -33,6 +36,7 @@ class LearnedRouter:
         exploration: float = 0.0,
         min_examples: int = 50,
         seed: int | None = None,
+        prior_strength: float = PRIOR_STRENGTH,
     ) -> None:
         if not 0 <= exploration <= 0.5:
             raise ValueError("exploration must be between 0 and 0.5")
@@ -41,6 +45,7 @@ class LearnedRouter:
         self.default_cost_weight = default_cost_weight
         self.exploration = exploration
         self.min_examples = min_examples
+        self.prior_strength = prior_strength
         self._rng = random.Random(seed)
         self._column = {name: i for i, name in enumerate(artifact.workers)}
 
@@ -53,10 +58,26 @@ class LearnedRouter:
         row = np.asarray(self.artifact.model.predict(x))[0]
         return {name: float(row[i]) for name, i in self._column.items()}
 
+    def _quality(self, worker: Worker, predicted: dict[str, float]) -> tuple[float, bool]:
+        """(quality estimate, whether the model has seen the worker).
+
+        A worker whose catalog entry names `profile_like` starts from that worker's prediction for
+        this very query (so a new code model inherits a code model's strengths, not an average), and
+        blends towards its own model as its labelled examples n grow: weight n / (n + prior_strength).
+        """
+        like = predicted.get(worker.profile_like) if worker.profile_like else None
+        if worker.name not in predicted:
+            return (like if like is not None else self._prior(worker, predicted)), False
+        if like is None:
+            return predicted[worker.name], True
+        n = self.artifact.observed.get(worker.name, 0)
+        weight = n / (n + self.prior_strength) if n + self.prior_strength > 0 else 1.0
+        return weight * predicted[worker.name] + (1.0 - weight) * like, True
+
     def _prior(self, worker: Worker, known: dict[str, float]) -> float:
-        """An unseen worker: its tier's mean quality if training saw that tier, else no better than
-        the worst known worker for this query — pessimistic, so a free unknown model does not win
-        everything on price; exploration and feedback are how it earns a better estimate."""
+        """An unseen worker without a profile: its tier's mean quality if training saw that tier, else
+        no better than the worst known worker for this query — pessimistic, so a free unknown model
+        does not win everything on price; exploration and feedback are how it earns a better estimate."""
         prior = self.artifact.tier_prior.get(worker.tier.value)
         if prior is None:
             prior = min(known.values()) if known else 0.5
@@ -71,8 +92,7 @@ class LearnedRouter:
             if request.max_output_tokens:
                 expected = min(expected, request.max_output_tokens)
             cost = worker.cost_usd(prompt_tokens, int(round(expected)))
-            known = worker.name in quality
-            q = quality[worker.name] if known else self._prior(worker, quality)
+            q, known = self._quality(worker, quality)
             out.append(Estimate(worker.name, q, cost, worker.active_params_b, known))
         return out
 

@@ -490,8 +490,55 @@ class KNNQuality(_QualityModel):
         return np.clip(out, PROB_EPS, 1.0 - PROB_EPS)
 
 
+# ---------------------------------------------------------------------- 4. ensemble
+ENSEMBLE_MEMBERS: tuple[tuple[str, dict[str, Any]], ...] = (
+    ("logreg", {"C": 0.1}),
+    ("mf", {}),
+    ("knn", {"k": 50}),
+)
+
+
+class EnsembleQuality(_QualityModel):
+    """The mean of several quality models' probabilities.
+
+    The three families err differently: per-worker logistic regression fits each worker's own linear
+    boundary, the factorization shares one query representation across workers, kNN reads the labels
+    of similar past queries without assuming any shape. On held-out splits of the training parts of
+    RouterBench and LLMRouter no single family was best on both, and the average was at least as good
+    as the best one on each (README, "Many workers"). ``members`` is a sequence of (name, params) with
+    names from QUALITY_MODEL_NAMES; params override the member's defaults.
+    """
+
+    def __init__(
+        self, members: Sequence[tuple[str, dict[str, Any]]] = ENSEMBLE_MEMBERS, random_state: int = 0
+    ) -> None:
+        self.members = tuple(members)
+        self.random_state = random_state
+
+    def fit(self, X: Any, Y: Any) -> EnsembleQuality:
+        if not self.members:
+            raise ValueError("an ensemble needs at least one member")
+        X, Y = self._start_fit(X, Y)
+        self.models_ = []
+        for name, params in self.members:
+            model = make_quality_model(name, self.random_state)
+            for key, value in params.items():
+                if key in model.__dict__:
+                    setattr(model, key, value)
+                elif isinstance(model, PerWorkerClassifier):
+                    model.params[key] = value
+                else:
+                    raise ValueError(f"{name} has no parameter {key!r}")
+            self.models_.append(model.fit(X, Y))
+        return self
+
+    def predict(self, X: Any) -> np.ndarray:
+        X = self._check_predict(X)
+        return np.mean([m.predict(X) for m in self.models_], axis=0)
+
+
 # ---------------------------------------------------------------------- model selection
-QualityModel = PerWorkerClassifier | MatrixFactorization | KNNQuality
+QualityModel = PerWorkerClassifier | MatrixFactorization | KNNQuality | EnsembleQuality
 
 
 def make_quality_model(name: str, random_state: int = 0) -> QualityModel:
@@ -504,6 +551,8 @@ def make_quality_model(name: str, random_state: int = 0) -> QualityModel:
         return MatrixFactorization(random_state=random_state)
     if name == "knn":
         return KNNQuality(random_state=random_state)
+    if name == "ensemble":
+        return EnsembleQuality(random_state=random_state)
     raise ValueError(f"unknown quality model {name!r}; expected one of {QUALITY_MODEL_NAMES}")
 
 

@@ -15,7 +15,7 @@ import numpy as np
 
 from router.artifacts import RouterArtifact, RouterLoadError
 
-MODEL_CHOICES = ("auto", "logreg", "lightgbm", "mf", "knn")
+MODEL_CHOICES = ("auto", "logreg", "lightgbm", "mf", "knn", "ensemble")
 AUTO_CANDIDATES = ("logreg", "lightgbm")
 
 _embedders: dict[tuple[str, int], Any] = {}
@@ -61,6 +61,11 @@ def fit_quality(X: np.ndarray, labels: np.ndarray, model: str = "auto", random_s
 
     if model not in MODEL_CHOICES:
         raise ValueError(f"unknown model {model!r}; choose one of {', '.join(MODEL_CHOICES)}")
+    if model == "ensemble":  # no candidates to choose between: fit the members on all rows
+        from router.quality import EnsembleQuality
+
+        fitted = EnsembleQuality(random_state=random_state).fit(X, labels)
+        return fitted, {"chosen": "ensemble", "members": [list(m) for m in fitted.members]}
     candidates = AUTO_CANDIDATES if model == "auto" else (model,)
     return select_quality_model(X, labels, candidates=candidates, random_state=random_state)
 

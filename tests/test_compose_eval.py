@@ -49,3 +49,52 @@ def test_bad_files_name_the_file_and_line(tmp_path):
     assert WEAK in lines[0]
     with pytest.raises(ValueError, match=r"corrupt.csv:2: correctness"):
         load_gsm8k(corrupt)
+
+
+def test_cli_replays_the_cascade_and_the_gateway_uses_the_saved_model(tmp_path, upstream):
+    import shutil
+
+    import httpx
+
+    from policies import parse_catalog
+    from tests.conftest import catalog_yaml_for, start_gateway
+    from tests.test_cli import run_cli
+
+    data = tmp_path / "routellm"
+    (data / "gsm8k").mkdir(parents=True)
+    shutil.copy(FIXTURE, data / "gsm8k" / "gsm8k_responses.csv")
+    out = tmp_path / "cascade.json"
+    done = run_cli(
+        "router",
+        "eval",
+        "--strategy",
+        "cascade",
+        "--data",
+        str(data),
+        "--out",
+        str(out),
+        "--save-acceptance",
+        "--data-dir",
+        str(tmp_path / "gw"),
+    )
+    assert done.returncode == 0, done.stderr
+    assert "cascade" in done.stdout and out.exists() and out.with_suffix(".png").exists()
+    assert (tmp_path / "gw" / "router" / "acceptance.joblib").exists()
+
+    gw = start_gateway(parse_catalog(catalog_yaml_for(upstream.url)), tmp_path / "gw")
+    try:
+        upstream.behave("cheap-model", text="4 * 3 = <<4*3=13>>13\n#### 13")  # wrong arithmetic: escalate
+        upstream.behave("pricey-model", text="#### 12")
+        body = {
+            "model": "compose:cascade",
+            "messages": [{"role": "user", "content": "A box holds 4 rows of 3 apples. How many?"}],
+        }
+        answer = httpx.post(
+            gw.v1 + "/chat/completions", headers={**gw.auth(), "x-polyroute-trace": "1"}, json=body
+        )
+        assert answer.status_code == 200 and answer.headers["x-polyroute-worker"] == "pricey"
+        first = answer.json()["polyroute"]["trace"]["steps"][0]
+        assert first["verdict"].startswith("escalated (model")  # no judge call: the learned model decided
+        assert len(upstream.requests_for("pricey-model")) == 1
+    finally:
+        gw.server.stop()
