@@ -19,7 +19,7 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
-from gateway import caching, compose, ratelimits
+from gateway import caching, compose, memory, ratelimits
 from gateway.body import read_model
 from gateway.errors import APIError, error_response
 from gateway.ledger import RequestRecord, storable_query
@@ -44,7 +44,13 @@ COST_WEIGHT_HEADER = "x-polyroute-cost-weight"
 
 
 def admission_for(
-    state: AppState, request: Request, tenant: str, chat: ChatCompletionRequest, engine, spend: Spend
+    state: AppState,
+    request: Request,
+    tenant: str,
+    chat: ChatCompletionRequest,
+    engine,
+    spend: Spend,
+    extra_texts: tuple[str, ...] = (),
 ) -> Admission:
     """Ask the policy in force which workers may serve this request. Fails closed."""
     if engine is None:
@@ -75,7 +81,7 @@ def admission_for(
     policy_request = PolicyRequest(
         tenant=tenant,
         model=model,
-        texts=chat.texts(),
+        texts=chat.texts() + extra_texts,  # + recalled memory: the workers will see it too
         data_class=chat.metadata_str("data_class") or request.headers.get(DATA_CLASS_HEADER),
         prompt_chars=chat.prompt_chars(),
         max_output_tokens=chat.output_budget(),
@@ -96,6 +102,23 @@ def admission_for(
             code="policy_evaluation_failed",
             headers=version,
         ) from None
+
+
+def withhold_above(engine, tenant: str, admission: Admission):
+    """For memory expansions: a document classed stricter than the request was admitted for is not
+    shown to the worker (the pool was chosen for the request's class, not for that document's)."""
+    policy = engine.policy
+
+    def withhold(text: str) -> str | None:
+        found = engine.classify(PolicyRequest(tenant=tenant, texts=(text,)))
+        if policy.strictness(found.data_class) <= policy.strictness(admission.data_class):
+            return None
+        return (
+            f"classified {found.data_class} ({'; '.join(found.reasons)}), above this request's "
+            f"{admission.data_class}; ask again with metadata.data_class={found.data_class}"
+        )
+
+    return withhold
 
 
 def _denied(admission: Admission, subject: str) -> APIError:
@@ -273,6 +296,7 @@ class Exchange:
     cache: caching.CachePlan | None = None
     reservation: Reservation | None = None
     started: float = field(default_factory=time.perf_counter)
+    memory: memory.MemoryPlan | None = None  # context from collections/session (gateway/memory.py)
 
     async def hold(self, state: AppState, worker, micros: int | None = None) -> None:
         """Reserve this worker's predicted cost (or `micros`) on the tenant's budget before calling it."""
@@ -368,7 +392,11 @@ async def chat_completions(request: Request) -> Response:
         headers |= await ratelimits.enforce(state.stores.limiter, state.metrics, key.tenant, limits)
         budget = tenant_budget(engine, key.tenant)
         spend = await budget_usage(state, key.tenant, budget)
-        admission = admission_for(state, request, key.tenant, chat, engine, spend)
+        recalled = await memory.plan(request, state, key.tenant, chat)  # retrieval memory, or None
+        memory_texts = (recalled.injected_text(),) if recalled is not None else ()
+        admission = admission_for(state, request, key.tenant, chat, engine, spend, memory_texts)
+        if recalled is not None:
+            recalled.withhold = withhold_above(engine, key.tenant, admission)
         headers = {**headers, **policy_headers(request_id, admission)}
         cache_plan = caching.plan(
             request,
@@ -378,6 +406,8 @@ async def chat_completions(request: Request) -> Response:
             admission.policy_version,
             admission.data_class,
         )
+        if recalled is not None:  # an answer built on collections that change is not cached
+            cache_plan = None
         if (
             cache_plan is not None
             and (hit := await caching.lookup(state.stores.cache, cache_plan)) is not None
@@ -401,6 +431,7 @@ async def chat_completions(request: Request) -> Response:
         budget=budget,
         limits=limits,
         cache=cache_plan,
+        memory=recalled,
     )
     if cache_plan is not None:
         exchange.headers[caching.CACHE_HEADER] = "miss"
@@ -470,7 +501,7 @@ def _answered_headers(headers: dict[str, str], worker: str, failures: list[Worke
 
 async def _complete(state: AppState, ex: Exchange) -> Response:
     result, failures = await first_success(
-        state, ex, lambda worker, base: state.client.complete(worker, base, ex.chat)
+        state, ex, lambda worker, base: memory.complete(state, ex, worker, base)
     )
     if result is None:
         return await _failed(state, ex, failures)
@@ -506,7 +537,7 @@ async def _failed(state: AppState, ex: Exchange, failures: list[WorkerError]) ->
 
 async def _stream(state: AppState, ex: Exchange) -> Response:
     stream, failures = await first_success(
-        state, ex, lambda worker, base: state.client.open_stream(worker, base, ex.chat)
+        state, ex, lambda worker, base: memory.open_stream(state, ex, worker, base)
     )
     if stream is None:
         return await _failed(state, ex, failures)

@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from starlette.responses import Response
 
 from gateway.body import read_body, read_model
+from gateway.collections import router as collections_router
 from gateway.completions import chat_completions
 from gateway.errors import APIError, JSONResponse
 from gateway.keys import KeyNotFound
@@ -21,6 +22,7 @@ from router import list_versions
 
 router = APIRouter()
 router.add_api_route("/v1/chat/completions", chat_completions, methods=["POST"], include_in_schema=True)
+router.include_router(collections_router)  # /v1/collections (retrieval, gateway/collections.py)
 
 
 def _state(request: Request) -> AppState:

@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
+from polyroute.cli_retrieval import ingest_command, retrieval_app
 
 app = typer.Typer(help="polyroute: a cost-aware multi-model routing gateway.", no_args_is_help=True)
 keys_app = typer.Typer(help="Create, list and revoke API keys (stored hashed in the data dir).")
@@ -27,6 +28,8 @@ router_app = typer.Typer(help="Train, evaluate, inspect and roll back the learne
 app.add_typer(router_app, name="router")
 ledger_app = typer.Typer(help="The request ledger (file, or Redis when REDIS_URL is set).")
 app.add_typer(ledger_app, name="ledger")
+app.add_typer(retrieval_app, name="retrieval")
+app.command("ingest")(ingest_command)
 
 DEFAULT_ROUTELLM = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "routellm"
 Backend = Annotated[str, typer.Option(help="query embedding: static (fast) or transformer (MiniLM forward)")]

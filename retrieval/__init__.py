@@ -1,7 +1,49 @@
 """retrieval/: hybrid search (BM25 first, dense second) and progressive-disclosure memory.
 
-Not built yet (issue 8). The package exists so the import direction is fixed from the start:
-retrieval imports neither gateway nor router.
+Imports neither gateway nor router. The public surface:
+- `Retriever(RetrievalConfig)`: the collections of one data dir, per tenant (`get`, `names`, `drop`);
+  a `Collection` ingests, deletes and searches (`bm25_dense`, `rrf`, `bm25`, `dense`).
+- `recall(...)` → `MemoryContext`: layer 0/1 for a query, `expand(handle, level)` for more.
+- `extract(name, bytes)`: text of a .txt/.md/.pdf/.html file.
 """
 
-__all__: list[str] = []
+from retrieval.memory import TEXT_DIRECTIVE, TOOL_NAME, TOOL_SPEC, MemoryContext, parse_directive, recall
+from retrieval.store import (
+    MODES,
+    SESSION_PREFIX,
+    Collection,
+    CollectionNotFound,
+    DocumentInput,
+    Hit,
+    IngestResult,
+    InvalidName,
+    RetrievalConfig,
+    Retriever,
+    check_name,
+    session_collection,
+)
+from retrieval.text import SUPPORTED_SUFFIXES, ExtractionError, extract
+
+__all__ = [
+    "MODES",
+    "SESSION_PREFIX",
+    "SUPPORTED_SUFFIXES",
+    "TEXT_DIRECTIVE",
+    "TOOL_NAME",
+    "TOOL_SPEC",
+    "Collection",
+    "CollectionNotFound",
+    "DocumentInput",
+    "ExtractionError",
+    "Hit",
+    "IngestResult",
+    "InvalidName",
+    "MemoryContext",
+    "RetrievalConfig",
+    "Retriever",
+    "check_name",
+    "extract",
+    "parse_directive",
+    "recall",
+    "session_collection",
+]

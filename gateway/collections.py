@@ -1,0 +1,352 @@
+"""Collections over HTTP: ingest (JSON or files), search, read, delete — always the key's tenant's.
+
+    GET    /v1/collections                               the tenant's collections
+    GET    /v1/collections/{name}                        counts
+    DELETE /v1/collections/{name}
+    POST   /v1/collections/{name}/documents              JSON {"documents": [...], "delete": [...]}
+                                                         or multipart files (.txt .md .pdf .html)
+    GET    /v1/collections/{name}/documents              ids, titles, summaries (?limit, ?after)
+    GET    /v1/collections/{name}/documents/{id}         ?level=0|1|2 (index line, passage, full)
+    DELETE /v1/collections/{name}/documents/{id}
+    POST   /v1/collections/{name}/search                 {"query", "top_k", "mode", "candidates"}
+
+A collection name is resolved inside the authenticated tenant only, so another tenant's
+collection of the same name is simply not there (404). Ingestion reports each bad document or
+file with its reason and writes the others; each document is written whole or not at all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from typing import Any, Literal
+
+from fastapi import APIRouter, FastAPI, Request
+from pydantic import BaseModel, ConfigDict, Field
+
+from gateway.body import parse_json_object, read_body, validate
+from gateway.errors import APIError, JSONResponse
+from gateway.state import AppState
+from retrieval import (
+    MODES,
+    CollectionNotFound,
+    DocumentInput,
+    ExtractionError,
+    InvalidName,
+    RetrievalConfig,
+    Retriever,
+    check_name,
+    extract,
+)
+
+log = logging.getLogger("polyroute.retrieval")
+router = APIRouter()
+_lock = threading.Lock()
+MAX_DOCUMENTS = 1000
+MAX_FILES = 256
+
+
+def retriever(app: FastAPI) -> Retriever:
+    """The app's Retriever, created on first use (the Qdrant client and the model open lazily too)."""
+    found = getattr(app.state, "polyroute_retriever", None)
+    if found is not None:
+        return found
+    with _lock:
+        found = getattr(app.state, "polyroute_retriever", None)
+        if found is None:
+            settings = app.state.polyroute.settings
+            found = Retriever(
+                RetrievalConfig(
+                    root=settings.data_dir / "retrieval",
+                    qdrant_url=settings.qdrant_url,
+                    qdrant_api_key=settings.qdrant_api_key,
+                    embedder=settings.retrieval_embedder,
+                    chunk_words=settings.retrieval_chunk_words,
+                    chunk_overlap=min(settings.retrieval_chunk_overlap, settings.retrieval_chunk_words - 1),
+                    candidates=settings.retrieval_candidates,
+                )
+            )
+            app.state.polyroute_retriever = found
+        return found
+
+
+def _tenant(request: Request) -> str:
+    state: AppState = request.app.state.polyroute
+    return state.auth.client(request).tenant
+
+
+def _name(name: str) -> str:
+    try:
+        return check_name(name)
+    except InvalidName as exc:
+        raise APIError(400, str(exc), param="name", code="invalid_collection_name") from None
+
+
+def _not_found(name: str) -> APIError:
+    return APIError(
+        404, f"No collection '{name}' for this tenant.", type="not_found_error", code="collection_not_found"
+    )
+
+
+def _collection(request: Request, tenant: str, name: str, create: bool = False):
+    try:
+        return retriever(request.app).get(tenant, _name(name), create=create)
+    except CollectionNotFound:
+        raise _not_found(name) from None
+
+
+class DocumentIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    id: str = Field(min_length=1, max_length=512)
+    text: str = Field(min_length=1)
+    title: str | None = Field(None, max_length=1000)
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+
+class SearchBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    query: str = Field(min_length=1, max_length=8000)
+    top_k: int = Field(10, ge=1, le=100)
+    mode: Literal["bm25_dense", "rrf", "bm25", "dense"] = "bm25_dense"
+    candidates: int | None = Field(None, ge=1, le=2000)
+
+
+@router.get("/v1/collections")
+async def list_collections(request: Request) -> JSONResponse:
+    tenant = _tenant(request)
+    store = retriever(request.app)
+    data = []
+    for name in store.names(tenant):
+        data.append(await asyncio.to_thread(lambda n=name: store.get(tenant, n).stats()))
+    return JSONResponse({"object": "list", "data": data})
+
+
+@router.get("/v1/collections/{name}")
+async def get_collection(name: str, request: Request) -> JSONResponse:
+    collection = _collection(request, _tenant(request), name)
+    return JSONResponse(await asyncio.to_thread(collection.stats))
+
+
+@router.delete("/v1/collections/{name}")
+async def delete_collection(name: str, request: Request) -> JSONResponse:
+    tenant = _tenant(request)
+    if not await asyncio.to_thread(retriever(request.app).drop, tenant, _name(name)):
+        raise _not_found(name)
+    return JSONResponse({"object": "collection.deleted", "name": name, "deleted": True})
+
+
+async def _documents_from_json(
+    request: Request, limit: int
+) -> tuple[list[DocumentInput], list[str], list[dict]]:
+    body = parse_json_object(await read_body(request, limit))
+    unknown = set(body) - {"documents", "delete"}
+    if unknown:
+        raise APIError(
+            400, f"Unrecognized request argument supplied: {sorted(unknown)[0]}", code="invalid_value"
+        )
+    raw_docs = body.get("documents", [])
+    deletes = body.get("delete", [])
+    if not isinstance(raw_docs, list) or len(raw_docs) > MAX_DOCUMENTS:
+        raise APIError(400, f"documents must be a list of at most {MAX_DOCUMENTS}", param="documents")
+    if not isinstance(deletes, list) or not all(isinstance(d, str) for d in deletes):
+        raise APIError(400, "delete must be a list of document ids", param="delete")
+    if not raw_docs and not deletes:
+        raise APIError(400, "Nothing to do: send documents (or files) and/or delete", param="documents")
+    docs, errors = [], []
+    for i, raw in enumerate(raw_docs):
+        try:
+            doc = validate(DocumentIn, raw if isinstance(raw, dict) else {"id": None})
+        except APIError as err:
+            ident = raw.get("id") if isinstance(raw, dict) and isinstance(raw.get("id"), str) else None
+            errors.append(
+                {
+                    "index": i,
+                    "id": ident,
+                    "message": err.message.replace(err.param or "", f"documents[{i}].{err.param}", 1)
+                    if err.param
+                    else err.message,
+                }
+            )
+            continue
+        docs.append(DocumentInput(doc.id, doc.text, doc.title, doc.metadata))
+    return docs, deletes, errors
+
+
+async def _documents_from_files(request: Request, limit: int) -> tuple[list[DocumentInput], list[dict]]:
+    declared = request.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > limit:
+        raise APIError(413, f"upload is larger than {limit} bytes", code="body_too_large")
+    try:
+        form = await request.form(max_files=MAX_FILES, max_fields=64, max_part_size=limit)
+    except Exception as exc:  # malformed multipart, too many parts
+        raise APIError(400, f"could not read the multipart upload: {exc}", code="invalid_upload") from None
+    docs, errors = [], []
+    try:
+        uploads = [v for _, v in form.multi_items() if hasattr(v, "filename") and hasattr(v, "read")]
+        if not uploads:
+            raise APIError(
+                400, "no files in the upload (send them as multipart field 'files')", param="files"
+            )
+        total = 0
+        for upload in uploads:
+            name = (upload.filename or "").strip().lstrip("/")
+            data = await upload.read()
+            total += len(data)
+            if total > limit:
+                raise APIError(413, f"upload is larger than {limit} bytes", code="body_too_large")
+            if not name or len(name) > 512:
+                errors.append(
+                    {"file": name or None, "message": "a file needs a name of at most 512 characters"}
+                )
+                continue
+            try:
+                text, title = await asyncio.to_thread(extract, name, data)
+            except ExtractionError as exc:
+                errors.append({"file": name, "message": str(exc)})
+                continue
+            docs.append(DocumentInput(name, text, title, {"filename": name, "bytes": len(data)}))
+    finally:
+        await form.close()
+    return docs, errors
+
+
+@router.post("/v1/collections/{name}/documents")
+async def ingest_documents(name: str, request: Request) -> JSONResponse:
+    state: AppState = request.app.state.polyroute
+    tenant = _tenant(request)
+    _name(name)
+    limit = state.settings.retrieval_max_upload_bytes
+    content_type = request.headers.get("content-type", "")
+    deletes: list[str] = []
+    if content_type.startswith("multipart/form-data"):
+        docs, errors = await _documents_from_files(request, limit)
+    else:
+        docs, deletes, errors = await _documents_from_json(request, limit)
+    if not docs and not deletes:  # every document or file was refused
+        return _rejected(name, [], [], errors)
+    collection = _collection(request, tenant, name, create=bool(docs))  # deletes alone need it to exist
+
+    def work():
+        good, results = [], []
+        for doc in docs:
+            try:
+                collection.prepare(doc)
+            except ValueError as exc:
+                errors.append(
+                    {
+                        "id": doc.id,
+                        **({"file": doc.id} if "filename" in doc.metadata else {}),
+                        "message": str(exc),
+                    }
+                )
+                continue
+            good.append(doc)
+        if good:
+            results = collection.ingest(good)
+        deleted = collection.delete(deletes) if deletes else []
+        return results, deleted
+
+    try:
+        results, deleted = await asyncio.to_thread(work)
+    except Exception:
+        log.exception("ingest into %s/%s failed", tenant, name)
+        raise APIError(
+            503,
+            "Ingestion failed while writing the index; nothing of this batch is visible. Retry the request "
+            "(documents are upserted by id, so a retry is safe).",
+            type="server_error",
+            code="ingest_failed",
+        ) from None
+    if errors and not results and not deleted:
+        return _rejected(name, results, deleted, errors)
+    return JSONResponse(_ingest_body(name, results, deleted, errors))
+
+
+def _ingest_body(name: str, results, deleted: list[str], errors: list[dict]) -> dict:
+    return {
+        "object": "list",
+        "collection": name,
+        "data": [{"id": r.id, "status": r.status, "chunks": r.chunks} for r in results],
+        "deleted": deleted,
+        "errors": errors,
+    }
+
+
+def _rejected(name: str, results, deleted: list[str], errors: list[dict]) -> JSONResponse:
+    body = _ingest_body(name, results, deleted, errors)
+    body["error"] = {
+        "message": f"No document could be ingested: {errors[0]['message']}"
+        + (f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""),
+        "type": "invalid_request_error",
+        "param": "documents",
+        "code": "ingest_rejected",
+    }
+    return JSONResponse(body, status_code=400)
+
+
+@router.get("/v1/collections/{name}/documents")
+async def list_documents(name: str, request: Request, limit: int = 100, after: str = "") -> JSONResponse:
+    collection = _collection(request, _tenant(request), name)
+    limit = max(1, min(limit, 1000))
+    data = await asyncio.to_thread(collection.list_documents, limit, after)
+    return JSONResponse({"object": "list", "data": data, "has_more": len(data) == limit})
+
+
+@router.get("/v1/collections/{name}/documents/{doc_id:path}")
+async def get_document(
+    name: str, doc_id: str, request: Request, level: int = 2, query: str = ""
+) -> JSONResponse:
+    """Memory layers over HTTP: 0 = index line (title + summary), 1 = passage (best for ?query), 2 = full."""
+    from retrieval.memory import best_passage
+    from retrieval.text import tokenize
+
+    collection = _collection(request, _tenant(request), name)
+    record = await asyncio.to_thread(collection.document, doc_id)
+    if record is None:
+        raise APIError(
+            404, f"No document '{doc_id}' in '{name}'.", type="not_found_error", code="document_not_found"
+        )
+    if level not in (0, 1, 2):
+        raise APIError(400, "level must be 0 (index), 1 (passage) or 2 (full)", param="level")
+    body: dict[str, Any] = {
+        "object": "document",
+        "id": record.id,
+        "title": record.title,
+        "summary": record.summary,
+        "level": level,
+    }
+    if level == 1:
+        body["passage"] = best_passage(record.text, set(tokenize(query)), 60)
+    if level == 2:
+        body |= {"text": record.text, "chunks": record.chunks, "metadata": record.metadata}
+    return JSONResponse(body)
+
+
+@router.delete("/v1/collections/{name}/documents/{doc_id:path}")
+async def delete_document(name: str, doc_id: str, request: Request) -> JSONResponse:
+    collection = _collection(request, _tenant(request), name)
+    deleted = await asyncio.to_thread(collection.delete, [doc_id])
+    if not deleted:
+        raise APIError(
+            404, f"No document '{doc_id}' in '{name}'.", type="not_found_error", code="document_not_found"
+        )
+    return JSONResponse({"object": "document.deleted", "id": doc_id, "deleted": True})
+
+
+@router.post("/v1/collections/{name}/search")
+async def search(name: str, request: Request) -> JSONResponse:
+    state: AppState = request.app.state.polyroute
+    tenant = _tenant(request)
+    body = validate(SearchBody, parse_json_object(await read_body(request, state.settings.max_body_bytes)))
+    collection = _collection(request, tenant, name)
+    assert body.mode in MODES
+    try:
+        hits = await asyncio.to_thread(collection.search, body.query, body.top_k, body.mode, body.candidates)
+    except ValueError as exc:  # e.g. a collection embedded by another backend
+        raise APIError(400, str(exc), code="invalid_search") from None
+    return JSONResponse(
+        {"object": "list", "collection": name, "mode": body.mode, "data": [h.as_dict() for h in hits]}
+    )

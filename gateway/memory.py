@@ -1,0 +1,527 @@
+"""Chat memory: retrieved context for the chosen worker, and the memory_expand loop run in the gateway.
+
+A chat request gets memory when `metadata.collections` names collections of its tenant, when its
+tenant has default collections (`POLYROUTE_MEMORY_DEFAULT_COLLECTIONS`), or when it carries
+`metadata.session_id` (earlier turns of that session are a collection of their own). The worker
+then sees a system message with layer 0 (index: id, title, one-line summary) for every hit and
+layer 1 (a passage) for the top few, and may ask for more:
+
+- workers with the `tools` capability get a `memory_expand(id, level)` tool. The gateway runs the
+  call itself, appends the result as a tool message and calls the worker again;
+- other workers are told to reply with the single line `MEMORY_EXPAND <id> <level>`; the gateway
+  answers with a user message holding the text.
+
+At most `memory_max_expansions` expansions per request; after that the worker is called once
+more without the tool and told to answer. The client sees one answer, whose usage and cost add up
+every round. Streams run the expansion rounds first (each round's start is peeked: an expansion
+is consumed, an answer is passed through), so only the final turn reaches the client.
+`metadata.memory: false` turns memory off for one request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Any
+
+import orjson
+from starlette.requests import Request
+
+from gateway.collections import retriever
+from gateway.errors import APIError
+from gateway.schemas import ChatCompletionRequest, Message
+from gateway.upstream import Completion, OpenStream
+from retrieval import (
+    TEXT_DIRECTIVE,
+    TOOL_NAME,
+    TOOL_SPEC,
+    DocumentInput,
+    InvalidName,
+    MemoryContext,
+    Retriever,
+    check_name,
+    parse_directive,
+    recall,
+    session_collection,
+)
+
+log = logging.getLogger("polyroute.memory")
+MAX_COLLECTIONS = 8
+MEMORY_HEADER = "x-polyroute-memory"
+_DIRECTIVE_LINE = re.compile(rf"^\s*{TEXT_DIRECTIVE}\b.*$", re.M)
+
+
+@dataclass
+class MemoryPlan:
+    """One request's memory: what was recalled, and the running tally of expansions."""
+
+    context: MemoryContext
+    retriever: Retriever
+    tenant: str
+    max_expansions: int
+    session: str | None = None  # the session collection to append this turn to
+    query: str = ""
+    expansions: int = 0
+    log: list[str] = field(default_factory=list)
+    # Set once the policy has admitted the request: returns why a text may not be shown to the
+    # admitted workers (a stricter data class than the request's), or None.
+    withhold: Callable[[str], str | None] | None = None
+
+    def reveal(self, handle: str, level: object) -> str:
+        """An expansion's text, unless the policy classes it above what this request was admitted for."""
+        text = self.context.expand(handle, level)
+        reason = self.withhold(text) if self.withhold is not None else None
+        if reason is not None:
+            self.log.append(f"{handle}:withheld")
+            return f"[memory {handle} withheld: {reason}]"
+        return text
+
+    def injected_text(self) -> str:
+        """What is put in front of the worker up front (layers 0 and 1), for the policy's detection."""
+        return self.context.render(tools=True)
+
+    def header(self) -> str:
+        return f"entries={self.context.shown}; expansions={self.expansions}"
+
+
+def default_collections(setting: str | None, tenant: str) -> list[str]:
+    for part in (setting or "").split(";"):
+        name, _, collections = part.partition("=")
+        if name.strip() == tenant:
+            return [c.strip() for c in collections.split(",") if c.strip()]
+    return []
+
+
+def _collections_param(chat: ChatCompletionRequest) -> list[str] | None:
+    value = (chat.metadata or {}).get("collections")
+    if value is None:
+        return None
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise APIError(
+            400, "metadata.collections must be a list of collection names", param="metadata.collections"
+        )
+    if len(value) > MAX_COLLECTIONS:
+        raise APIError(
+            400,
+            f"metadata.collections names at most {MAX_COLLECTIONS} collections",
+            param="metadata.collections",
+        )
+    for name in value:
+        try:
+            check_name(name)
+        except InvalidName as exc:
+            raise APIError(
+                400, str(exc), param="metadata.collections", code="invalid_collection_name"
+            ) from None
+    return list(dict.fromkeys(value))
+
+
+async def plan(request: Request, state, tenant: str, chat: ChatCompletionRequest) -> MemoryPlan | None:
+    """Recall layer 0/1 for this request, or None when no memory applies. Raises APIError (400/404)."""
+    metadata = chat.metadata or {}
+    if metadata.get("memory") is False:
+        return None
+    named = _collections_param(chat)
+    session_id = metadata.get("session_id")
+    if session_id is not None and (not isinstance(session_id, str) or not 0 < len(session_id) <= 256):
+        raise APIError(
+            400, "metadata.session_id must be a string of 1 to 256 characters", param="metadata.session_id"
+        )
+    settings = state.settings
+    if named is None and session_id is None:
+        named = default_collections(settings.memory_default_collections, tenant)
+        if not named:
+            return None
+        explicit = False
+    else:
+        explicit = True
+    store = retriever(request.app)
+    for name in named or []:
+        if explicit and not store.exists(tenant, name):
+            raise APIError(
+                404,
+                f"metadata.collections: no collection '{name}' for this tenant.",
+                type="not_found_error",
+                param="metadata.collections",
+                code="collection_not_found",
+            )
+    sources = [(name, False) for name in named or []]
+    session = session_collection(session_id) if session_id else None
+    if session is not None:
+        sources.append((session, True))
+    query = chat.last_user_text()
+    try:
+        context = await asyncio.to_thread(
+            recall,
+            store,
+            tenant,
+            sources,
+            query,
+            settings.memory_index_size,
+            settings.memory_snippets,
+            settings.memory_mode,
+            pages=settings.memory_pages,
+        )
+    except Exception:
+        log.exception("memory recall failed for tenant %s", tenant)
+        raise APIError(
+            503,
+            "The request asks for memory and the collections cannot be searched right now; no worker was called.",
+            type="server_error",
+            code="memory_unavailable",
+            headers={"retry-after": "1"},
+        ) from None
+    if not context and session is None:
+        return None
+    return MemoryPlan(context, store, tenant, settings.memory_max_expansions, session, query)
+
+
+# ---------------------------------------------------------------------------------- requests
+def _uses_tools(worker) -> bool:
+    return "tools" in worker.capabilities
+
+
+def _with_memory(
+    chat: ChatCompletionRequest, memory: MemoryPlan, tools: bool, offer: bool
+) -> ChatCompletionRequest:
+    """The request as the worker sees it: the memory system message after the client's own."""
+    messages = list(chat.messages)
+    if memory.context:
+        note = Message(role="system", content=memory.context.render(tools=tools))
+        at = next((i for i, m in enumerate(messages) if m.role not in ("system", "developer")), len(messages))
+        messages.insert(at, note)
+    update: dict[str, Any] = {"messages": messages}
+    if tools and offer and memory.context:
+        update["tools"] = [*(chat.tools or []), TOOL_SPEC]
+    return chat.model_copy(update=update)
+
+
+def _final(
+    chat: ChatCompletionRequest, client_chat: ChatCompletionRequest, tools: bool
+) -> ChatCompletionRequest:
+    """Expansion budget spent: no memory tool, and an instruction to answer now."""
+    note = Message(
+        role="system",
+        content="The memory expansion limit for this request is reached: answer now with what you have"
+        + ("." if tools else f"; do not write {TEXT_DIRECTIVE}."),
+    )
+    return chat.model_copy(
+        update={
+            "messages": [*chat.messages, note],
+            "tools": client_chat.tools,
+            "tool_choice": client_chat.tool_choice if client_chat.tools else None,
+        }
+    )
+
+
+def _memory_calls(message: dict[str, Any]) -> tuple[list[dict], list[dict]]:
+    calls = message.get("tool_calls") or []
+    mine = [c for c in calls if (c.get("function") or {}).get("name") == TOOL_NAME]
+    return mine, [c for c in calls if c not in mine]
+
+
+def _arguments(call: dict) -> tuple[str, object]:
+    try:
+        args = orjson.loads((call.get("function") or {}).get("arguments") or "{}")
+    except orjson.JSONDecodeError:
+        args = {}
+    if not isinstance(args, dict):
+        args = {}
+    return str(args.get("id", "")), args.get("level", 2)
+
+
+def _expand_tools(chat: ChatCompletionRequest, memory: MemoryPlan, message: dict, calls: list[dict]):
+    results = []
+    for call in calls:
+        handle, level = _arguments(call)
+        memory.expansions += 1
+        memory.log.append(f"{handle}:{level}")
+        results.append(
+            Message(
+                role="tool",
+                tool_call_id=call.get("id") or "call",
+                content=memory.reveal(handle, level),
+            )
+        )
+    assistant = Message.model_validate(
+        {"role": "assistant", "content": message.get("content") or None, "tool_calls": calls}
+    )
+    return chat.model_copy(update={"messages": [*chat.messages, assistant, *results]})
+
+
+def _expand_text(chat: ChatCompletionRequest, memory: MemoryPlan, content: str, directive: tuple[str, str]):
+    handle, level = directive
+    memory.expansions += 1
+    memory.log.append(f"{handle}:{level}")
+    text = memory.reveal(handle, level)
+    messages = [
+        *chat.messages,
+        Message(role="assistant", content=content.strip() or f"{TEXT_DIRECTIVE} {handle} {level}"),
+        Message(
+            role="user", content=f"[memory {handle}, level {level}]\n{text}\n\nContinue with your answer."
+        ),
+    ]
+    return chat.model_copy(update={"messages": messages})
+
+
+def _strip_directives(body: dict[str, Any]) -> None:
+    """The final answer must not show the protocol to the client."""
+    for choice in body.get("choices") or []:
+        message = choice.get("message") or {}
+        if isinstance(message.get("content"), str):
+            message["content"] = _DIRECTIVE_LINE.sub("", message["content"]).strip()
+        mine, others = _memory_calls(message)
+        if mine:
+            message["tool_calls"] = others or None
+            if not others:
+                message.pop("tool_calls", None)
+                if choice.get("finish_reason") == "tool_calls":
+                    choice["finish_reason"] = "stop"
+
+
+def _merge(rounds: list[Completion]) -> Completion:
+    last = rounds[-1]
+    if len(rounds) == 1:
+        return last
+    prompt = sum(r.prompt_tokens for r in rounds)
+    completion = sum(r.completion_tokens for r in rounds)
+    body = dict(last.body)
+    body["usage"] = {
+        **(body.get("usage") or {}),
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+    }
+    return Completion(last.worker, body, prompt, completion, sum((r.cost_usd for r in rounds), Decimal(0)))
+
+
+def _remember(state, memory: MemoryPlan, answer: str) -> None:
+    """Append this turn (user + answer) to the session's collection, off the request path."""
+    if memory.session is None:
+        return
+    question = memory.query
+
+    def write() -> None:
+        collection = memory.retriever.get(memory.tenant, memory.session, create=True, internal=True)
+        stamp = f"{time.time():.6f}"
+        title = "Turn: " + " ".join(question.split()[:10])
+        collection.ingest([DocumentInput(f"turn-{stamp}", f"User: {question}\nAssistant: {answer}", title)])
+
+    async def run() -> None:
+        await asyncio.to_thread(write)
+
+    state.spawn(run())
+
+
+# ------------------------------------------------------------------------------ the calls
+async def complete(state, ex, worker, api_base) -> Completion:
+    """`state.client.complete` with memory: inject, run expansions, return one merged answer."""
+    memory: MemoryPlan | None = getattr(ex, "memory", None)
+    if memory is None:
+        return await state.client.complete(worker, api_base, ex.chat)
+    tools = _uses_tools(worker)
+    chat = _with_memory(ex.chat, memory, tools, offer=memory.max_expansions > 0)
+    rounds: list[Completion] = []
+    memory.expansions = 0
+    while True:
+        result = await state.client.complete(worker, api_base, chat)
+        rounds.append(result)
+        choices = result.body.get("choices") or []
+        message = (choices[0].get("message") or {}) if choices else {}
+        spent = memory.expansions >= memory.max_expansions
+        if tools:
+            mine, others = _memory_calls(message)
+            if not mine or others:  # an answer, or the client's own tools (theirs to run)
+                break
+            if spent:
+                chat = _final(chat, ex.chat, tools)
+                rounds.append(await state.client.complete(worker, api_base, chat))
+                break
+            chat = _expand_tools(chat, memory, message, mine)
+        else:
+            content = message.get("content") or ""
+            directive = parse_directive(content) if isinstance(content, str) else None
+            if directive is None:
+                break
+            if spent:
+                chat = _final(chat, ex.chat, tools)
+                rounds.append(await state.client.complete(worker, api_base, chat))
+                break
+            chat = _expand_text(chat, memory, content, directive)
+    merged = _merge(rounds)
+    _strip_directives(merged.body)
+    ex.headers[MEMORY_HEADER] = memory.header()
+    choices = merged.body.get("choices") or []
+    _remember(state, memory, (choices[0].get("message") or {}).get("content") or "" if choices else "")
+    return merged
+
+
+def _plain(raw: Any) -> dict[str, Any]:
+    return raw.model_dump() if hasattr(raw, "model_dump") else raw
+
+
+async def _peek(iterator: AsyncIterator[dict], tools: bool) -> tuple[list[dict], str, dict | None, str]:
+    """Read a round's first chunks: ('answer', …) to pass on, or ('expand', …) fully consumed.
+
+    Returns (buffered chunks, kind, assembled assistant message for 'expand', text so far).
+    """
+    buffered: list[dict] = []
+    text = ""
+    calls: dict[int, dict] = {}
+    async for chunk in iterator:
+        buffered.append(chunk)
+        for choice in chunk.get("choices") or []:
+            delta = choice.get("delta") or {}
+            for call in delta.get("tool_calls") or []:
+                slot = calls.setdefault(
+                    call.get("index", 0),
+                    {"id": None, "type": "function", "function": {"name": "", "arguments": ""}},
+                )
+                if call.get("id"):
+                    slot["id"] = call["id"]
+                function = call.get("function") or {}
+                slot["function"]["name"] += function.get("name") or ""
+                slot["function"]["arguments"] += function.get("arguments") or ""
+            text += delta.get("content") or ""
+        if tools:
+            if calls:
+                if any(c["function"]["name"] and c["function"]["name"] != TOOL_NAME for c in calls.values()):
+                    return buffered, "answer", None, text  # the client's own tool
+                continue  # a memory call: read it to the end
+            if text.strip():
+                return buffered, "answer", None, text
+        else:
+            head = text.lstrip()
+            if head and not (
+                TEXT_DIRECTIVE.startswith(head[: len(TEXT_DIRECTIVE)]) or head.startswith(TEXT_DIRECTIVE)
+            ):
+                return buffered, "answer", None, text
+    if calls:
+        message = {
+            "role": "assistant",
+            "content": text or None,
+            "tool_calls": [calls[i] for i in sorted(calls)],
+        }
+        for i, call in enumerate(message["tool_calls"]):
+            call["id"] = call["id"] or f"call_memory_{i}"
+        return buffered, "expand", message, text
+    if not tools and parse_directive(text):
+        return buffered, "expand", None, text
+    return buffered, "answer", None, text
+
+
+def _scrub(buffered: list[dict], text: str) -> list[dict]:
+    """Replace the content of buffered chunks by `text` (in the first content-bearing chunk)."""
+    out, placed = [], False
+    for chunk in buffered:
+        choices = []
+        for choice in chunk.get("choices") or []:
+            delta = dict(choice.get("delta") or {})
+            if "content" in delta:
+                delta["content"] = "" if placed else text
+                placed = True
+            choices.append({**choice, "delta": delta})
+        out.append({**chunk, "choices": choices})
+    return out
+
+
+class MemoryStream(OpenStream):
+    """The final round's stream, after expansion rounds: buffered chunks first, usage summed."""
+
+    def __init__(
+        self,
+        inner: OpenStream,
+        iterator,
+        buffered: list[dict],
+        prior: tuple[int, int, Decimal],
+        on_done: Callable[[str], None],
+    ) -> None:
+        OpenStream.__init__(self, inner.worker, None, None, inner.metrics, inner.prompt_cost_usd + prior[2])
+        self._inner = inner
+        self._iterator = iterator
+        self._buffered = buffered
+        self._prior = prior
+        self._on_done = on_done
+        self.cost_usd = prior[2]
+        self.prompt_tokens, self.completion_tokens = prior[0], prior[1]
+
+    def _account(self, chunk: dict) -> dict:
+        usage = chunk.get("usage")
+        if usage and not chunk.get("choices"):
+            p, c, cost = self._prior
+            self.prompt_tokens = p + self._inner.prompt_tokens
+            self.completion_tokens = c + self._inner.completion_tokens
+            self.cost_usd = cost + self._inner.cost_usd
+            chunk = {
+                **chunk,
+                "usage": {
+                    **usage,
+                    "prompt_tokens": self.prompt_tokens,
+                    "completion_tokens": self.completion_tokens,
+                    "total_tokens": self.prompt_tokens + self.completion_tokens,
+                },
+            }
+        return chunk
+
+    async def __aiter__(self) -> AsyncIterator[dict[str, Any]]:  # type: ignore[override]
+        text: list[str] = []
+        try:
+            for chunk in self._buffered:
+                for choice in chunk.get("choices") or []:
+                    text.append((choice.get("delta") or {}).get("content") or "")
+                yield self._account(chunk)
+            async for chunk in self._iterator:
+                for choice in chunk.get("choices") or []:
+                    text.append((choice.get("delta") or {}).get("content") or "")
+                yield self._account(chunk)
+        finally:
+            self.prompt_tokens = self._prior[0] + self._inner.prompt_tokens
+            self.completion_tokens = self._prior[1] + self._inner.completion_tokens
+            self.cost_usd = self._prior[2] + self._inner.cost_usd
+            await self._iterator.aclose()
+            self._on_done("".join(text))
+
+
+async def open_stream(state, ex, worker, api_base) -> OpenStream:
+    """`state.client.open_stream` with memory: expansion rounds are consumed, the answer streams."""
+    memory: MemoryPlan | None = getattr(ex, "memory", None)
+    if memory is None:
+        return await state.client.open_stream(worker, api_base, ex.chat)
+    tools = _uses_tools(worker)
+    chat = _with_memory(ex.chat, memory, tools, offer=memory.max_expansions > 0)
+    prior = (0, 0, Decimal(0))
+    memory.expansions = 0
+    while True:
+        stream = await state.client.open_stream(worker, api_base, chat)
+        iterator = stream.__aiter__()
+        buffered, kind, message, text = await _peek(iterator, tools)
+        if kind == "answer" or (message is not None and not _memory_calls(message)[0]):
+            break  # an answer (or calls without a name: nothing to run) streams on as it is
+        prior = (
+            prior[0] + stream.prompt_tokens,
+            prior[1] + stream.completion_tokens,
+            prior[2] + stream.cost_usd,
+        )
+        if memory.expansions >= memory.max_expansions:
+            chat = _final(chat, ex.chat, tools)
+            stream = await state.client.open_stream(worker, api_base, chat)
+            iterator = stream.__aiter__()
+            buffered, kind, _, text = await _peek(iterator, tools)
+            if kind == "expand" and not tools:  # still asking: show the client only the rest
+                buffered = _scrub(buffered, _DIRECTIVE_LINE.sub("", text).strip())
+            break
+        if message is not None:
+            chat = _expand_tools(chat, memory, message, _memory_calls(message)[0])
+        else:
+            directive = parse_directive(text)
+            assert directive is not None
+            chat = _expand_text(chat, memory, text, directive)
+    ex.headers[MEMORY_HEADER] = memory.header()
+    return MemoryStream(stream, iterator, buffered, prior, lambda answer: _remember(state, memory, answer))

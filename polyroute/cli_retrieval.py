@@ -1,0 +1,206 @@
+"""`polyroute ingest` (files → a collection, over HTTP) and `polyroute retrieval eval` (BEIR metrics).
+
+`ingest` talks to a running gateway (so it works against any replica and never fights the
+gateway for Qdrant local mode's lock); `retrieval eval` runs the retrieval code in-process on a
+throw-away data dir. Both import their heavy parts lazily.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.table import Table
+
+SUPPORTED = (".txt", ".md", ".markdown", ".pdf", ".html", ".htm")  # = retrieval.SUPPORTED_SUFFIXES
+MAX_BATCH_BYTES = 8 * 1024 * 1024
+RESULTS_DIR = Path(__file__).resolve().parent.parent / "bench" / "results"
+
+retrieval_app = typer.Typer(help="Evaluate retrieval (BM25, dense, hybrids) on a BEIR-format dataset.")
+console = Console(stderr=True)
+
+
+def _files(root: Path) -> list[Path]:
+    if root.is_file():
+        return [root]
+    return sorted(p for p in root.rglob("*") if p.is_file() and p.suffix.lower() in SUPPORTED)
+
+
+def _batches(files: list[Path], root: Path):
+    batch: list[Path] = []
+    size = 0
+    for path in files:
+        length = path.stat().st_size
+        if batch and (size + length > MAX_BATCH_BYTES or len(batch) >= 32):
+            yield batch
+            batch, size = [], 0
+        batch.append(path)
+        size += length
+    if batch:
+        yield batch
+
+
+def ingest_command(
+    directory: Annotated[
+        Path, typer.Argument(exists=True, help="a folder (searched recursively) or one file")
+    ],
+    collection: Annotated[str, typer.Option("--collection", "-c", help="collection name (a-z, 0-9, _ -)")],
+    base_url: Annotated[
+        str | None, typer.Option("--url", help="gateway URL [env POLYROUTE_BASE_URL, default 127.0.0.1:8400]")
+    ] = None,
+    api_key: Annotated[str | None, typer.Option("--api-key", help="[env POLYROUTE_API_KEY]")] = None,
+) -> None:
+    """Ingest .txt, .md, .pdf and .html files into a collection (idempotent: ids are the relative paths)."""
+    import httpx
+
+    url = (base_url or os.environ.get("POLYROUTE_BASE_URL") or "http://127.0.0.1:8400").rstrip("/")
+    key = api_key or os.environ.get("POLYROUTE_API_KEY")
+    if not key:
+        console.print("[red]no API key: set POLYROUTE_API_KEY or pass --api-key[/red]")
+        raise typer.Exit(2)
+    root = directory if directory.is_dir() else directory.parent
+    files = _files(directory)
+    if not files:
+        console.print(f"[yellow]no {', '.join(SUPPORTED)} files under {directory}[/yellow]")
+        raise typer.Exit(1)
+    counts = {"created": 0, "updated": 0, "unchanged": 0}
+    errors: list[tuple[str, str]] = []
+    chunks = 0
+    endpoint = f"{url}/v1/collections/{collection}/documents"
+    with (
+        httpx.Client(timeout=600, headers={"authorization": f"Bearer {key}"}) as http,
+        Progress(
+            TextColumn("[bold]ingest[/bold] {task.fields[name]}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeRemainingColumn(),
+            console=console,
+        ) as progress,
+    ):
+        task = progress.add_task("ingest", total=len(files), name=collection)
+        for batch in _batches(files, root):
+            upload = [
+                ("files", (p.relative_to(root).as_posix(), p.read_bytes(), "application/octet-stream"))
+                for p in batch
+            ]
+            try:
+                response = http.post(endpoint, files=upload)
+            except httpx.HTTPError as exc:
+                console.print(f"[red]cannot reach the gateway at {url}: {exc}[/red]")
+                raise typer.Exit(2) from None
+            body = (
+                response.json()
+                if response.headers.get("content-type", "").startswith("application/json")
+                else {}
+            )
+            if response.status_code >= 400 and "error" in body and not body.get("errors"):
+                console.print(f"[red]{response.status_code}: {body['error'].get('message')}[/red]")
+                raise typer.Exit(1)
+            for item in body.get("data", []):
+                counts[item["status"]] = counts.get(item["status"], 0) + 1
+                chunks += item.get("chunks", 0)
+            for err in body.get("errors", []):
+                errors.append((err.get("file") or err.get("id") or "?", err.get("message", "")))
+                progress.console.print(
+                    f"[red]✗ {err.get('file') or err.get('id')}: {err.get('message')}[/red]"
+                )
+            progress.advance(task, len(batch))
+    console.print(
+        f"{collection}: {counts['created']} created, {counts['updated']} updated, "
+        f"{counts['unchanged']} unchanged ({chunks} chunks written); {len(errors)} failed"
+    )
+    if errors:
+        raise typer.Exit(1)
+
+
+@retrieval_app.command("eval")
+def eval_command(
+    dataset: Annotated[
+        Path,
+        typer.Option(
+            "--dataset", exists=True, help="BEIR folder: corpus.jsonl, queries.jsonl, qrels/test.tsv"
+        ),
+    ],
+    embedder: Annotated[str, typer.Option(help="minilm (sentence-transformers) or minilm-static")] = "minilm",
+    candidates: Annotated[int, typer.Option(help="BM25/dense candidates per stage")] = 100,
+    max_queries: Annotated[int | None, typer.Option(help="evaluate the first N queries only")] = None,
+    index_size: Annotated[int, typer.Option(help="memory index entries (layer 0) per query")] = 10,
+    snippets: Annotated[int, typer.Option(help="top entries that also get a passage (layer 1)")] = 2,
+    disclosure_mode: Annotated[str, typer.Option(help="search mode behind the memory index")] = "rrf",
+    cache_dir: Annotated[
+        Path | None, typer.Option(help="keep the ingested corpus here and reuse it on the next run")
+    ] = None,
+    out: Annotated[
+        Path | None, typer.Option(help="JSON report [default bench/results/retrieval_eval_<name>.json]")
+    ] = None,
+) -> None:
+    """nDCG@10, Recall@100 and p50/p99 latency for BM25, dense, BM25→dense and RRF; disclosure savings."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from retrieval.evaluate import EVAL_ORDER, METHOD_LABELS, evaluate
+
+    with Progress(
+        TextColumn("[bold]{task.fields[stage]}[/bold]"), BarColumn(), MofNCompleteColumn(), console=console
+    ) as progress:
+        tasks: dict[str, int] = {}
+
+        def report(stage: str, done: int, total: int) -> None:
+            if stage not in tasks:
+                tasks[stage] = progress.add_task(stage, total=total, stage=stage)
+            progress.update(tasks[stage], completed=done, total=total)
+
+        result = evaluate(
+            dataset,
+            embedder=embedder,
+            candidates=candidates,
+            max_queries=max_queries,
+            index_size=index_size,
+            snippets=snippets,
+            disclosure_mode=disclosure_mode,
+            progress=report,
+            cache_dir=cache_dir,
+        )
+    table = Table(title=f"{result['name']}: {result['corpus_docs']} docs, {result['queries']} queries")
+    for column in ("method", "nDCG@10", "Recall@100", "p50 ms", "p99 ms"):
+        table.add_column(column, justify="left" if column == "method" else "right")
+    for method in EVAL_ORDER:
+        if method in result["ndcg_at_10"]:
+            latency = result["latency_ms"][method]
+            table.add_row(
+                METHOD_LABELS[method],
+                f"{result['ndcg_at_10'][method]:.4f}",
+                f"{result['recall_at_100'][method]:.4f}",
+                f"{latency['p50']:.1f}",
+                f"{latency['p99']:.1f}",
+            )
+    Console().print(table)
+    memory = Table(title="progressive disclosure (layers 0+1) vs the top-5 full documents")
+    for column in (
+        "index entries",
+        "passages",
+        "tokens",
+        "top-5 full",
+        "saving",
+        "gold in index",
+        "≤2 expansions",
+    ):
+        memory.add_column(column, justify="right")
+    for d in result["disclosure"]:
+        memory.add_row(
+            str(d["index_size"]),
+            str(d["snippets"]),
+            f"{d['tokens_injected_mean']:.0f}",
+            f"{d['tokens_top5_full_mean']:.0f}",
+            f"{d['token_saving']:.1%}",
+            f"{d['gold_in_index']:.1%}",
+            f"{d['gold_reachable']:.1%}",
+        )
+    Console().print(memory)
+    path = out or RESULTS_DIR / f"retrieval_eval_{result['name']}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=2) + "\n")
+    console.print(f"wrote {path}")

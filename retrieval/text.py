@@ -1,0 +1,256 @@
+"""Text handling: the BM25 tokenizer, chunking with overlap, file extraction, extractive summaries.
+
+Pure functions, no state: the same tokenizer serves indexing and querying, so a query term matches
+exactly the terms documents were indexed under.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import html
+import re
+import unicodedata
+from dataclasses import dataclass
+from html.parser import HTMLParser
+from io import BytesIO
+
+# English stop words: the bm25s list (the one BEIR baselines use with bm25s) plus common pronouns
+# and auxiliaries that carry no topical signal.
+STOP_WORDS = frozenset(
+    """a an and are as at be but by for if in into is it no not of on or such that the their then there
+    these they this to was will with i me my we our you your he him his she her its them what which who
+    whom do does did doing have has had having am been being were can could should would may might must
+    shall from up down out over under again further once here when where why how all any both each few
+    more most other some nor only own same so than too very just now s t don also""".split()
+)
+
+_WORD = re.compile(r"\w+", re.UNICODE)
+SUPPORTED_SUFFIXES = (".txt", ".md", ".markdown", ".pdf", ".html", ".htm")
+
+
+class _Stemmer:
+    """Snowball English (PyStemmer, C) with a per-process cache; stemming is the tokenizer's hot spot."""
+
+    def __init__(self) -> None:
+        import Stemmer
+
+        self._stem = Stemmer.Stemmer("english").stemWord
+        self._cache: dict[str, str] = {}
+
+    def __call__(self, word: str) -> str:
+        stem = self._cache.get(word)
+        if stem is None:
+            stem = self._stem(word)
+            if len(self._cache) < 500_000:
+                self._cache[word] = stem
+        return stem
+
+
+_stemmer: _Stemmer | None = None
+
+
+def _stem(word: str) -> str:
+    global _stemmer
+    if _stemmer is None:
+        _stemmer = _Stemmer()
+    return _stemmer(word)
+
+
+def normalize(text: str) -> str:
+    """NFKC and lone surrogates replaced (they would break the tokenizers and JSON)."""
+    text = unicodedata.normalize("NFKC", text)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        text = text.encode("utf-8", "replace").decode("utf-8")
+    return text
+
+
+def tokenize(text: str) -> list[str]:
+    """Lower-cased word tokens (any script), stop words dropped, Snowball-stemmed."""
+    words = _WORD.findall(normalize(text).casefold())
+    return [_stem(w) for w in words if w not in STOP_WORDS and not (len(w) == 1 and w.isascii())]
+
+
+# ------------------------------------------------------------------------------------------ chunks
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    index: int
+    text: str
+    start: int  # character offset in the document
+    end: int
+
+
+def chunk_text(text: str, max_words: int = 200, overlap_words: int = 40) -> list[Chunk]:
+    """Windows of about `max_words` words, each overlapping the previous by `overlap_words`.
+
+    Boundaries snap back to a sentence end inside the window's last third when there is one, so a
+    chunk rarely stops mid-sentence. Deterministic: the same text gives the same chunks (stable ids).
+    """
+    if overlap_words >= max_words:
+        raise ValueError("overlap_words must be smaller than max_words")
+    spans = [(m.start(), m.end()) for m in re.finditer(r"\S+", text)]
+    if not spans:
+        return []
+    chunks: list[Chunk] = []
+    start = 0
+    while True:
+        end = min(start + max_words, len(spans))
+        if end < len(spans):
+            for i in range(end - 1, start + (2 * max_words) // 3, -1):
+                if text[spans[i][1] - 1] in ".!?":
+                    end = i + 1
+                    break
+        begin, finish = spans[start][0], spans[end - 1][1]
+        chunks.append(Chunk(len(chunks), text[begin:finish], begin, finish))
+        if end >= len(spans):
+            return chunks
+        start = max(end - overlap_words, start + 1)
+
+
+# ------------------------------------------------------------------------------------ summaries
+_SENTENCE = re.compile(r"(?<=[.!?])\s+(?=[\"'(\[A-Z0-9])")
+
+
+def sentences(text: str) -> list[str]:
+    return [s.strip() for s in _SENTENCE.split(" ".join(text.split())) if s.strip()]
+
+
+def clip_words(text: str, words: int) -> str:
+    parts = text.split()
+    return " ".join(parts[:words]) + (" …" if len(parts) > words else "")
+
+
+def summarize(text: str, max_words: int = 16) -> str:
+    """One line: the document's first real sentence, clipped (extractive, deterministic)."""
+    for sentence in sentences(text):
+        if len(sentence.split()) >= 3:
+            return clip_words(sentence, max_words)
+    return clip_words(" ".join(text.split()), max_words)
+
+
+def title_from(text: str, fallback: str) -> str:
+    """A Markdown heading or the first short line; else the fallback (the file name or id)."""
+    for line in text.splitlines()[:20]:
+        line = line.strip()
+        if not line:
+            continue
+        heading = line.lstrip("#").strip()
+        if line.startswith("#") and heading:
+            return clip_words(heading, 12)
+        if len(line.split()) <= 12 and not line.endswith((".", ",", ";")):
+            return line
+        break
+    return fallback
+
+
+def content_hash(*parts: str) -> str:
+    digest = hashlib.sha256()
+    for part in parts:
+        digest.update(part.encode("utf-8", "surrogatepass"))
+        digest.update(b"\x00")
+    return digest.hexdigest()[:32]
+
+
+# ---------------------------------------------------------------------------------- extraction
+class ExtractionError(ValueError):
+    """A file that cannot be turned into text (its message names the reason)."""
+
+
+class _HTMLText(HTMLParser):
+    SKIP = frozenset({"script", "style", "noscript", "template", "svg", "head"})
+    BLOCK = frozenset(
+        {"p", "div", "br", "li", "tr", "h1", "h2", "h3", "h4", "h5", "h6", "section", "article", "pre"}
+    )
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.parts: list[str] = []
+        self.title: list[str] = []
+        self._skip = 0
+        self._in_title = False
+
+    def handle_starttag(self, tag, attrs):
+        if tag == "title":
+            self._in_title = True
+        elif tag in self.SKIP:
+            self._skip += 1
+        elif tag in self.BLOCK:
+            self.parts.append("\n")
+
+    def handle_endtag(self, tag):
+        if tag == "title":
+            self._in_title = False
+        elif tag in self.SKIP and self._skip:
+            self._skip -= 1
+        elif tag in self.BLOCK:
+            self.parts.append("\n")
+
+    def handle_data(self, data):
+        if self._in_title:
+            self.title.append(data)
+        elif not self._skip:
+            self.parts.append(data)
+
+
+def html_to_text(markup: str) -> tuple[str, str | None]:
+    parser = _HTMLText()
+    parser.feed(markup)
+    parser.close()
+    text = html.unescape("".join(parser.parts))
+    text = "\n".join(" ".join(line.split()) for line in text.splitlines())
+    text = re.sub(r"\n{3,}", "\n\n", text).strip()
+    title = " ".join("".join(parser.title).split()) or None
+    return text, title
+
+
+def _decode(data: bytes, name: str) -> str:
+    if b"\x00" in data[:4096] and not data.startswith((b"\xff\xfe", b"\xfe\xff")):
+        raise ExtractionError(f"{name}: looks like a binary file, not text")
+    for encoding in (
+        ("utf-8-sig", "utf-16") if data.startswith((b"\xff\xfe", b"\xfe\xff")) else ("utf-8-sig",)
+    ):
+        try:
+            return data.decode(encoding)
+        except UnicodeDecodeError:
+            continue
+    raise ExtractionError(f"{name}: not valid UTF-8 text")
+
+
+def extract(name: str, data: bytes) -> tuple[str, str | None]:
+    """(text, title or None) of one uploaded file, by its suffix; ExtractionError if it cannot be read."""
+    lower = name.lower()
+    if not lower.endswith(SUPPORTED_SUFFIXES):
+        raise ExtractionError(f"{name}: unsupported file type (supported: {', '.join(SUPPORTED_SUFFIXES)})")
+    if lower.endswith(".pdf"):
+        text, title = _pdf_text(name, data)
+    elif lower.endswith((".html", ".htm")):
+        text, title = html_to_text(_decode(data, name))
+    else:
+        text, title = _decode(data, name), None
+    text = normalize(text).strip()
+    if not text:
+        raise ExtractionError(f"{name}: no text in the file")
+    return text, title
+
+
+def _pdf_text(name: str, data: bytes) -> tuple[str, str | None]:
+    from pypdf import PdfReader
+    from pypdf.errors import PyPdfError
+
+    try:
+        reader = PdfReader(BytesIO(data), strict=False)
+        if reader.is_encrypted:
+            raise ExtractionError(f"{name}: the PDF is encrypted")
+        pages = [page.extract_text() or "" for page in reader.pages]
+        title = None
+        if reader.metadata is not None and reader.metadata.title:
+            title = str(reader.metadata.title).strip() or None
+    except ExtractionError:
+        raise
+    except (PyPdfError, ValueError, KeyError, TypeError, OSError) as exc:
+        raise ExtractionError(f"{name}: not a readable PDF ({type(exc).__name__}: {exc})") from None
+    text = "\n\n".join(p.strip() for p in pages if p.strip())
+    if not text:
+        raise ExtractionError(f"{name}: the PDF has no extractable text (scanned images need OCR)")
+    return text, title

@@ -1,0 +1,500 @@
+"""Retrieval: tokenizer, incremental BM25 (checked against bm25s), collections over Qdrant local mode,
+the /v1/collections API (JSON and files, bad files, tenant isolation), `polyroute ingest` and
+`polyroute retrieval eval`.
+
+Fast tests embed with the `minilm-static` backend (the MiniLM word-piece table, no forward pass);
+the tests that load the real sentence-transformers model are marked slow.
+"""
+
+from __future__ import annotations
+
+import json
+import zlib
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from retrieval import DocumentInput, RetrievalConfig, Retriever, extract
+from retrieval.sparse import BM25Index
+from retrieval.text import ExtractionError, chunk_text, summarize, tokenize
+from tests.conftest import Gateway, catalog_yaml_for, start_gateway
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+CORPUS = [
+    ("fox", "The quick brown fox jumps over the lazy dog. Foxes hunt rabbits at dusk."),
+    ("router", "Routers forward packets between networks using routing tables and metrics."),
+    ("bgp", "BGP routers exchange reachability information between autonomous systems."),
+    ("cats", "Cats sleep most of the day and hunt mice at night; a cat purrs when content."),
+    ("tea", "Green tea is brewed from unoxidised leaves; black tea leaves are fully oxidised."),
+    ("muenchen", "Die Große Straße in München ist für Fußgänger gesperrt. 東京 is written in kanji."),
+]
+
+
+# ------------------------------------------------------------------------------ text
+def test_tokenizer_lowercases_drops_stop_words_and_stems():
+    assert tokenize("The Routers were ROUTING packets!") == ["router", "rout", "packet"]
+    assert tokenize("a an the of") == []
+    assert tokenize("Straße MÜNCHEN 東京") == ["strass", "münchen", "東京"]  # casefold: ß → ss
+
+
+def test_chunks_overlap_and_are_deterministic():
+    text = " ".join(f"w{i}." if i % 10 == 9 else f"w{i}" for i in range(500))
+    chunks = chunk_text(text, max_words=100, overlap_words=20)
+    assert chunks == chunk_text(text, max_words=100, overlap_words=20)
+    assert len(chunks) >= 5
+    for before, after in zip(chunks, chunks[1:], strict=False):
+        assert after.start < before.end  # overlap
+        assert text[before.start : before.end] == before.text
+    assert chunks[-1].text.endswith("w499.")
+    assert chunk_text("   ") == []
+
+
+def test_summary_is_one_clipped_sentence():
+    assert (
+        summarize("Short. This sentence is the first real one here. Another.")
+        == "This sentence is the first real one here."
+    )
+    assert summarize("word " * 50).endswith("…")
+
+
+# ------------------------------------------------------------------------------ BM25
+def test_bm25_scores_match_bm25s():
+    import bm25s
+
+    docs = [tokenize(text) for _, text in CORPUS]
+    index = BM25Index()
+    index.add([(str(i), toks) for i, toks in enumerate(docs)])
+    reference = bm25s.BM25(k1=1.5, b=0.75, method="lucene")
+    reference.index(docs, show_progress=False)
+    for query in ("routers exchange packets", "hunt at night", "tea leaves oxidised"):
+        tokens = tokenize(query)
+        ours = index.score(tokens, [str(i) for i in range(len(docs))])
+        theirs = reference.get_scores(tokens)
+        np.testing.assert_allclose([ours[str(i)] for i in range(len(docs))], theirs, rtol=1e-5, atol=1e-6)
+
+
+def assert_same(ours, expected):
+    assert [k for k, _ in ours] == [k for k, _ in expected]
+    assert [s for _, s in ours] == pytest.approx([s for _, s in expected], rel=1e-5)
+
+
+def test_bm25_incremental_equals_rebuild_and_survives_reopen(tmp_path):
+    docs = {f"d{i}": tokenize(text) for i, (_, text) in enumerate(CORPUS)}
+    index = BM25Index(tmp_path / "idx")
+    index.add([(k, v) for k, v in list(docs.items())[:3]])
+    index.add([(k, v) for k, v in list(docs.items())[3:]])
+    index.delete(["d1"])
+    index.add([("d2", tokenize("routers and switches"))])  # replace
+    fresh = BM25Index()
+    expected = {**{k: v for k, v in docs.items() if k != "d1"}, "d2": tokenize("routers and switches")}
+    fresh.add(list(expected.items()))
+    query = tokenize("routers hunt tea")
+    assert_same(index.search(query, 10), fresh.search(query, 10))
+    index.close()
+
+    reopened = BM25Index(tmp_path / "idx")  # WAL replay
+    assert_same(reopened.search(query, 10), fresh.search(query, 10))
+    reopened.checkpoint()  # snapshot, dead postings dropped
+    reopened.close()
+    with open(tmp_path / "idx" / "bm25.wal", "ab") as fh:
+        fh.write(b'{"op":"add","items":[["torn"')  # a write cut short
+    again = BM25Index(tmp_path / "idx")
+    assert "torn" not in again
+    assert_same(again.search(query, 10), fresh.search(query, 10))
+    assert len(again) == len(expected)
+
+
+# ------------------------------------------------------------------------------ collections
+@pytest.fixture
+def retriever(tmp_path):
+    r = Retriever(
+        RetrievalConfig(
+            root=tmp_path / "retrieval", embedder="minilm-static", chunk_words=40, chunk_overlap=8
+        )
+    )
+    yield r
+    r.close()
+
+
+def test_collection_round_trip_idempotent_and_unicode(retriever):
+    collection = retriever.get("acme", "notes", create=True)
+    assert collection.search("anything", 5) == []  # empty collection
+    docs = [DocumentInput(k, t) for k, t in CORPUS]
+    assert {r.status for r in collection.ingest(docs)} == {"created"}
+    assert {r.status for r in collection.ingest(docs)} == {"unchanged"}
+    for mode in ("bm25", "dense", "bm25_dense", "rrf"):
+        hits = collection.search("which routers exchange reachability", 3, mode)
+        assert hits and hits[0].document_id in ("bgp", "router"), mode
+    hit = collection.search("Straße München", 1, "bm25_dense")[0]
+    assert hit.document_id == "muenchen" and hit.bm25_score > 0 and hit.dense_score is not None
+    assert collection.search("東京", 1, "bm25")[0].document_id == "muenchen"
+
+    long_text = " ".join(f"sentence {i} about gardening tomatoes." for i in range(60))
+    assert collection.ingest([DocumentInput("long", long_text)])[0].chunks > 3
+    assert collection.ingest([DocumentInput("long", "short now: gardening tomatoes")])[0].status == "updated"
+    assert collection.stats()["chunks"] == len(CORPUS) + 1  # stale chunks of the old version are gone
+    assert collection.dense.count(collection.qdrant_name) == len(CORPUS) + 1
+
+    assert collection.delete(["fox", "nope"]) == ["fox"]
+    assert all(h.document_id != "fox" for h in collection.search("quick brown fox", 5, "rrf"))
+    retriever.close()
+
+    reopened = Retriever(retriever.config)  # persisted: BM25 snapshot/WAL, sqlite, Qdrant local
+    again = reopened.get("acme", "notes")
+    assert again.stats()["documents"] == len(CORPUS)
+    assert again.search("green tea leaves", 1, "bm25_dense")[0].document_id == "tea"
+    reopened.close()
+
+
+def test_tenants_do_not_share_collections(retriever):
+    retriever.get("acme", "docs", create=True).ingest([DocumentInput("a", "acme secret roadmap")])
+    retriever.get("globex", "docs", create=True).ingest([DocumentInput("g", "globex public notes")])
+    assert [h.document_id for h in retriever.get("globex", "docs").search("secret roadmap", 5, "rrf")] != [
+        "a"
+    ]
+    assert all(
+        h.document_id == "g" for h in retriever.get("globex", "docs").search("roadmap notes", 5, "rrf")
+    )
+    assert retriever.names("acme") == ["docs"] and retriever.names("other") == []
+    assert retriever.get("acme", "docs").qdrant_name != retriever.get("globex", "docs").qdrant_name
+
+
+# ------------------------------------------------------------------------------ files
+def minimal_pdf(text: str) -> bytes:
+    """A one-page PDF with `text` in Helvetica (built by hand: no PDF writer is a dependency)."""
+    stream = f"BT /F1 12 Tf 72 720 Td ({text}) Tj ET".encode()
+    objects = [
+        b"<< /Type /Catalog /Pages 2 0 R >>",
+        b"<< /Type /Pages /Kids [3 0 R] /Count 1 >>",
+        b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents 4 0 R /Resources << /Font << /F1 5 0 R >> >> >>",
+        b"<< /Length %d >>\nstream\n" % len(stream) + stream + b"\nendstream",
+        b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>",
+    ]
+    out = b"%PDF-1.4\n"
+    offsets = []
+    for i, body in enumerate(objects, 1):
+        offsets.append(len(out))
+        out += b"%d 0 obj\n" % i + body + b"\nendobj\n"
+    xref = len(out)
+    out += b"xref\n0 %d\n0000000000 65535 f \n" % (len(objects) + 1)
+    out += b"".join(b"%010d 00000 n \n" % o for o in offsets)
+    out += b"trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (len(objects) + 1, xref)
+    return out
+
+
+def test_extract_each_file_type():
+    assert extract("a.txt", "plain ünïcode text".encode())[0] == "plain ünïcode text"
+    assert extract("b.md", b"# Title\n\nbody")[0].startswith("# Title")
+    text, title = extract(
+        "c.html",
+        b"<html><head><title>T</title><script>x()</script></head><body><p>Hello</p><p>World &amp; co</p></body></html>",
+    )
+    assert title == "T" and "Hello" in text and "World & co" in text and "x()" not in text
+    assert "Solar panels" in extract("d.pdf", minimal_pdf("Solar panels convert light"))[0]
+    for name, data in [
+        ("e.exe", b"MZ"),
+        ("f.txt", b"\x00\x01\x02binary"),
+        ("g.txt", b"   "),
+        ("h.pdf", b"%PDF-1.4 garbage"),
+        ("i.txt", b"\xff\xfe\xfa bad"),
+    ]:
+        with pytest.raises(ExtractionError):
+            extract(name, data)
+    assert zlib  # (kept for readers: PDFs here are uncompressed on purpose)
+
+
+# ------------------------------------------------------------------------------ HTTP
+@pytest.fixture(scope="module")
+def rgw(upstream, tmp_path_factory) -> Gateway:
+    from policies import parse_catalog
+
+    catalog = parse_catalog(catalog_yaml_for(upstream.url), "test catalog")
+    gw = start_gateway(
+        catalog,
+        tmp_path_factory.mktemp("rgw"),
+        retrieval_embedder="minilm-static",
+        retrieval_chunk_words=60,
+        retrieval_chunk_overlap=10,
+    )
+    _, other = gw.state.auth.store.create("globex", "other tenant")
+    gw.other_key = other  # type: ignore[attr-defined]
+    yield gw
+    gw.server.stop()
+
+
+def test_http_ingest_search_delete(rgw: Gateway):
+    docs = [{"id": k, "text": t, "title": k.title(), "metadata": {"n": i}} for i, (k, t) in enumerate(CORPUS)]
+    with httpx.Client(base_url=rgw.url, headers=rgw.auth(), timeout=60) as http:
+        r = http.post("/v1/collections/kb/documents", json={"documents": docs})
+        assert r.status_code == 200, r.text
+        assert {d["status"] for d in r.json()["data"]} == {"created"} and r.json()["errors"] == []
+        again = http.post("/v1/collections/kb/documents", json={"documents": docs}).json()
+        assert {d["status"] for d in again["data"]} == {"unchanged"}
+
+        r = http.post(
+            "/v1/collections/kb/search", json={"query": "routers exchanging reachability", "top_k": 3}
+        )
+        hits = r.json()["data"]
+        assert r.status_code == 200 and hits[0]["document_id"] == "bgp"
+        assert {"bm25_score", "dense_score", "score", "text", "title"} <= set(hits[0])
+        assert hits[0]["bm25_score"] > 0 and -1 <= hits[0]["dense_score"] <= 1
+        rrf = http.post("/v1/collections/kb/search", json={"query": "cat purrs", "mode": "rrf"}).json()[
+            "data"
+        ]
+        assert rrf[0]["document_id"] == "cats" and rrf[0]["bm25_score"] is not None
+
+        assert http.get("/v1/collections/kb").json()["documents"] == len(CORPUS)
+        doc = http.get("/v1/collections/kb/documents/tea", params={"level": 0}).json()
+        assert doc["title"] == "Tea" and doc["summary"] and "text" not in doc
+        assert (
+            "oxidised"
+            in http.get("/v1/collections/kb/documents/tea", params={"level": 1, "query": "black tea"}).json()[
+                "passage"
+            ]
+        )
+        assert http.get("/v1/collections/kb/documents/tea").json()["metadata"] == {"n": 4}
+
+        assert http.delete("/v1/collections/kb/documents/tea").status_code == 200
+        assert http.delete("/v1/collections/kb/documents/tea").status_code == 404
+        left = http.post("/v1/collections/kb/search", json={"query": "green tea", "mode": "bm25"}).json()[
+            "data"
+        ]
+        assert all(h["document_id"] != "tea" for h in left)
+        r = http.post("/v1/collections/kb/documents", json={"delete": ["cats"]})
+        assert r.json()["deleted"] == ["cats"]
+
+        assert http.post("/v1/collections/Bad Name!/search", json={"query": "x"}).status_code in (400, 404)
+        assert (
+            http.post("/v1/collections/BAD/search", json={"query": "x"}).json()["error"]["code"]
+            == "invalid_collection_name"
+        )
+        assert http.post("/v1/collections/missing/search", json={"query": "x"}).status_code == 404
+        assert http.post("/v1/collections/kb/search", json={"query": "x", "mode": "magic"}).status_code == 400
+        assert http.post("/v1/collections/kb/search", json={"query": ""}).status_code == 400
+        assert http.get("/v1/collections").json()["data"][0]["name"] == "kb"
+        assert (
+            http.post(
+                "/v1/collections/kb/search", json={"query": "x"}, headers={"authorization": "Bearer nope"}
+            ).status_code
+            == 401
+        )
+
+
+def test_http_empty_collection_and_unicode(rgw: Gateway):
+    with httpx.Client(base_url=rgw.url, headers=rgw.auth(), timeout=60) as http:
+        http.post("/v1/collections/uni/documents", json={"documents": [{"id": "x", "text": "placeholder"}]})
+        http.post("/v1/collections/uni/documents", json={"delete": ["x"]})
+        r = http.post("/v1/collections/uni/search", json={"query": "anything"})
+        assert r.status_code == 200 and r.json()["data"] == []
+        text = "Ça va? Ελληνικά, русский, 中文检索, emoji 🚀 end."
+        r = http.post(
+            "/v1/collections/uni/documents",
+            content=json.dumps({"documents": [{"id": "ünï/🚀", "text": text}]}),
+            headers={"content-type": "application/json"},
+        )
+        assert r.status_code == 200, r.text
+        hit = http.post("/v1/collections/uni/search", json={"query": "中文检索 русский"}).json()["data"][0]
+        assert hit["document_id"] == "ünï/🚀"
+        assert http.get("/v1/collections/uni/documents/ünï/🚀").json()["text"].startswith("Ça va?")
+
+
+def test_http_files_bad_ones_reported_rest_ingested(rgw: Gateway):
+    files = [
+        ("files", ("guide/intro.md", b"# Intro\n\nKubernetes schedules pods onto nodes.", "text/markdown")),
+        (
+            "files",
+            (
+                "page.html",
+                b"<html><body><h1>Billing</h1><p>Invoices are sent monthly.</p></body></html>",
+                "text/html",
+            ),
+        ),
+        ("files", ("paper.pdf", minimal_pdf("Solar panels convert light to power"), "application/pdf")),
+        ("files", ("notes.txt", "Ünïcode notes about glaciers.".encode(), "text/plain")),
+        ("files", ("broken.pdf", b"%PDF-1.4 this is not a pdf", "application/pdf")),
+        ("files", ("image.png", b"\x89PNG\r\n", "image/png")),
+        ("files", ("empty.txt", b"  \n ", "text/plain")),
+    ]
+    with httpx.Client(base_url=rgw.url, headers=rgw.auth(), timeout=60) as http:
+        r = http.post("/v1/collections/files/documents", files=files)
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert sorted(d["id"] for d in body["data"]) == [
+            "guide/intro.md",
+            "notes.txt",
+            "page.html",
+            "paper.pdf",
+        ]
+        errors = {e["file"]: e["message"] for e in body["errors"]}
+        assert set(errors) == {"broken.pdf", "image.png", "empty.txt"}
+        assert "not a readable PDF" in errors["broken.pdf"] and "unsupported" in errors["image.png"]
+        listed = {d["id"] for d in http.get("/v1/collections/files/documents").json()["data"]}
+        assert listed == {"guide/intro.md", "notes.txt", "page.html", "paper.pdf"}  # nothing half-written
+        assert (
+            http.post("/v1/collections/files/search", json={"query": "solar power"}).json()["data"][0][
+                "document_id"
+            ]
+            == "paper.pdf"
+        )
+        only_bad = http.post("/v1/collections/files/documents", files=[files[4]])
+        assert only_bad.status_code == 400 and only_bad.json()["error"]["code"] == "ingest_rejected"
+        fresh = http.post("/v1/collections/fresh/documents", files=[files[5]])
+        assert fresh.status_code == 400 and fresh.json()["errors"][0]["file"] == "image.png"
+        assert http.get("/v1/collections/fresh").status_code == 404  # nothing created
+        mixed = http.post(
+            "/v1/collections/files/documents",
+            json={"documents": [{"id": "ok", "text": "fine"}, {"id": "bad"}, {"text": "no id"}]},
+        )
+        assert [d["id"] for d in mixed.json()["data"]] == ["ok"] and len(mixed.json()["errors"]) == 2
+
+
+def test_http_tenant_isolation(rgw: Gateway):
+    other = rgw.auth(rgw.other_key)  # type: ignore[attr-defined]
+    with httpx.Client(base_url=rgw.url, timeout=60) as http:
+        http.post(
+            "/v1/collections/private/documents",
+            headers=rgw.auth(),
+            json={"documents": [{"id": "plan", "text": "acme merger plan"}]},
+        )
+        assert (
+            http.post("/v1/collections/private/search", headers=other, json={"query": "merger"}).status_code
+            == 404
+        )
+        assert http.get("/v1/collections/private/documents/plan", headers=other).status_code == 404
+        assert http.delete("/v1/collections/private", headers=other).status_code == 404
+        assert "private" not in [c["name"] for c in http.get("/v1/collections", headers=other).json()["data"]]
+        http.post(
+            "/v1/collections/private/documents",
+            headers=other,
+            json={"documents": [{"id": "mine", "text": "globex merger memo"}]},
+        )
+        theirs = http.post(
+            "/v1/collections/private/search", headers=other, json={"query": "merger", "mode": "rrf"}
+        ).json()["data"]
+        assert [h["document_id"] for h in theirs] == ["mine"]
+        ours = http.post(
+            "/v1/collections/private/search", headers=rgw.auth(), json={"query": "merger", "mode": "rrf"}
+        ).json()["data"]
+        assert [h["document_id"] for h in ours] == ["plan"]
+        assert http.delete("/v1/collections/private", headers=other).status_code == 200
+        assert (
+            http.post(
+                "/v1/collections/private/search", headers=rgw.auth(), json={"query": "merger"}
+            ).status_code
+            == 200
+        )
+
+
+def test_cli_ingest_with_progress(rgw: Gateway, tmp_path):
+    from typer.testing import CliRunner
+
+    from polyroute.cli import app
+
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "a.txt").write_text("Alpha centauri is the nearest star system.")
+    (tmp_path / "sub" / "b.md").write_text("# Beta\n\nBeta particles are electrons.")
+    (tmp_path / "sub" / "bad.pdf").write_bytes(b"%PDF-1.4 nope")
+    (tmp_path / "skip.bin").write_bytes(b"\x00")
+    runner = CliRunner()
+    args = ["ingest", str(tmp_path), "--collection", "cli", "--url", rgw.url, "--api-key", rgw.api_key]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 1  # one file failed; the others are in
+    assert "bad.pdf" in result.output and "2 created" in result.output
+    again = runner.invoke(app, args)
+    assert "2 unchanged" in again.output
+    ids = [
+        d["id"] for d in httpx.get(f"{rgw.v1}/collections/cli/documents", headers=rgw.auth()).json()["data"]
+    ]
+    assert ids == ["a.txt", "sub/b.md"]
+
+
+def test_cli_eval_on_beir_fixture(tmp_path):
+    from typer.testing import CliRunner
+
+    from polyroute.cli import app
+
+    out = tmp_path / "eval.json"
+    result = CliRunner().invoke(
+        app,
+        [
+            "retrieval",
+            "eval",
+            "--dataset",
+            str(FIXTURES / "beir_tiny"),
+            "--embedder",
+            "minilm-static",
+            "--out",
+            str(out),
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())
+    assert set(report["ndcg_at_10"]) == {"bm25", "dense", "bm25_dense", "rrf"}
+    assert report["queries"] == 6 and report["corpus_docs"] == 12
+    assert report["ndcg_at_10"]["bm25"] > 0.3 and report["recall_at_100"]["rrf"] == 1.0
+    first = report["disclosure"][0]
+    assert first["index_size"] == 10 and 0 < first["gold_in_index"] <= first["gold_reachable"] <= 1
+
+
+@pytest.mark.slow
+def test_minilm_round_trip(tmp_path):
+    """The real sentence-transformers model: paraphrases BM25 cannot match are found densely."""
+    r = Retriever(RetrievalConfig(root=tmp_path / "r", embedder="minilm"))
+    try:
+        collection = r.get("acme", "kb", create=True)
+        collection.ingest([DocumentInput(k, t) for k, t in CORPUS])
+        assert collection.search("feline napping habits", 1, "dense")[0].document_id == "cats"
+        assert (
+            collection.search("which routers exchange reachability", 1, "bm25_dense")[0].document_id == "bgp"
+        )
+        assert collection.search("feline napping habits cat", 1, "rrf")[0].document_id == "cats"
+        collection.delete(["cats"])
+        assert all(h.document_id != "cats" for h in collection.search("feline", 5, "dense"))
+    finally:
+        r.close()
+
+
+def test_settings_read_qdrant_url():
+    from gateway.settings import Settings
+
+    assert Settings.from_env({"QDRANT_URL": "http://qdrant:6333"}).qdrant_url == "http://qdrant:6333"
+    assert Settings.from_env({}).qdrant_url is None
+    assert (
+        Settings.from_env({"POLYROUTE_RETRIEVAL_EMBEDDER": "minilm-static"}).retrieval_embedder
+        == "minilm-static"
+    )
+
+
+def test_bm25_dense_falls_back_to_dense_without_lexical_match(retriever):
+    collection = retriever.get("acme", "fallback", create=True)
+    collection.ingest([DocumentInput(k, t) for k, t in CORPUS])
+    hits = collection.search("zzzunknownword", 2, "bm25_dense")
+    assert len(hits) == 2 and all(h.bm25_score == 0.0 for h in hits)
+
+
+def test_memory_layers_and_more_pages(retriever):
+    from retrieval import parse_directive, recall
+
+    collection = retriever.get("acme", "mem", create=True)
+    collection.ingest([DocumentInput(k, t, title=k.title()) for k, t in CORPUS])
+    context = recall(
+        retriever, "acme", [("mem", False)], "routers hunt tea cats fox", index_size=2, snippets=1, mode="rrf"
+    )
+    assert len(context.visible) == 2 and len(context.entries) == 4
+    text = context.render()
+    assert "[m1]" in text and "[m3]" not in text and "'more'" in text and "Best passages:" in text
+    page = context.expand("more")
+    assert page.startswith("[m3]") and "[m4]" in page and len(context.visible) == 4
+    assert context.expand("more") == "No more memory entries."
+    full = context.expand("m1", 2)
+    assert full.startswith("[m1] ") and collection.document(context.entries[0].document_id).text in full
+    assert context.expand("m1", "snippet").startswith("[m1] ")
+    assert context.expand("m9").startswith("error: no memory entry")
+    assert recall(retriever, "globex", [("mem", False)], "routers").entries == []  # another tenant: nothing
+    assert parse_directive("MEMORY_EXPAND m3 2") == ("m3", "2")
+    assert parse_directive("thinking...\nMEMORY_EXPAND(m1, full)") == ("m1", "full")
+    assert parse_directive("MEMORY_EXPAND more") == ("more", "2")
+    assert parse_directive("I will not MEMORY_EXPAND anything") is None
