@@ -154,18 +154,11 @@ class RedisServer:
         """Launch (or relaunch, on the same port) and wait until it answers PING."""
         import subprocess
 
+        persistence = ["--appendonly", "no"]
+        if self.persist_dir is not None:
+            persistence = ["--appendonly", "yes", "--appendfsync", "always", "--dir", str(self.persist_dir)]
         self.proc = subprocess.Popen(
-            [
-                self.binary,
-                "--port",
-                str(self.port),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-            ],
+            [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", *persistence],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
