@@ -52,6 +52,26 @@ def wait_http(url: str, timeout: float = 60.0, headers: dict | None = None) -> N
     raise RuntimeError(f"{url} did not come up")
 
 
+def write_bench_catalog(path: Path, upstream_url: str, model: str = "bench-model") -> None:
+    """One worker on the test upstream: what both overhead benchmarks put the gateway in front of."""
+    path.write_text(
+        f"""version: 1
+workers:
+  - name: bench-upstream
+    model: openai/{model}
+    api_base: {upstream_url}/v1
+    api_key_env: BENCH_UPSTREAM_KEY
+    input_price_per_m: 1.0
+    output_price_per_m: 2.0
+    tier: open-moe
+    license: Apache-2.0
+    provider: fake
+    jurisdiction: US
+    context_window: 8192
+"""
+    )
+
+
 def start_processes(workdir: Path) -> tuple[list[subprocess.Popen], str, str, str]:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
     up_port, gw_port = free_port(), free_port()
@@ -63,22 +83,7 @@ def start_processes(workdir: Path) -> tuple[list[subprocess.Popen], str, str, st
         stderr=subprocess.DEVNULL,
     )
     catalog = workdir / "workers.yaml"
-    catalog.write_text(
-        f"""version: 1
-workers:
-  - name: bench-upstream
-    model: openai/bench-model
-    api_base: http://127.0.0.1:{up_port}/v1
-    api_key_env: BENCH_UPSTREAM_KEY
-    input_price_per_m: 1.0
-    output_price_per_m: 2.0
-    tier: open-moe
-    license: Apache-2.0
-    provider: fake
-    jurisdiction: US
-    context_window: 8192
-"""
-    )
+    write_bench_catalog(catalog, f"http://127.0.0.1:{up_port}")
     from gateway.keys import FileKeyStore
 
     _, key = FileKeyStore(workdir / "data" / "keys.json").create("bench")

@@ -43,7 +43,7 @@ LITELLM_SPEC = "litellm[proxy]==1.106.2"
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from overhead import free_port, wait_http  # noqa: E402
+from overhead import free_port, wait_http, write_bench_catalog  # noqa: E402
 
 MESSAGES = [{"role": "user", "content": "Summarise the plot of Hamlet in one sentence, please."}]
 MASTER_KEY = "sk-bench-litellm-master"
@@ -88,25 +88,6 @@ def litellm_config(path: Path, upstream_url: str) -> None:
     path.write_text(json.dumps(config, indent=2))
 
 
-def polyroute_catalog(path: Path, upstream_url: str) -> None:
-    path.write_text(
-        f"""version: 1
-workers:
-  - name: bench-upstream
-    model: openai/{UPSTREAM_MODEL}
-    api_base: {upstream_url}/v1
-    api_key_env: BENCH_UPSTREAM_KEY
-    input_price_per_m: 1.0
-    output_price_per_m: 2.0
-    tier: open-moe
-    license: Apache-2.0
-    provider: fake
-    jurisdiction: US
-    context_window: 8192
-"""
-    )
-
-
 @dataclass
 class Servers:
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
@@ -137,7 +118,7 @@ def start(workdir: Path, litellm_python: Path, workers: int) -> Servers:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    polyroute_catalog(workdir / "workers.yaml", up_url)
+    write_bench_catalog(workdir / "workers.yaml", up_url, UPSTREAM_MODEL)
     from gateway.keys import FileKeyStore
 
     _, key = FileKeyStore(workdir / "data" / "keys.json").create("bench")

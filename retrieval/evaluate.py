@@ -13,6 +13,7 @@ bring it in.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import statistics
 import tempfile
@@ -147,11 +148,13 @@ def evaluate(
     for method in methods:
         if method not in MODES:
             raise ValueError(f"unknown method {method!r}")
-    if cache_dir is not None:  # reuse an ingested copy of this exact corpus (ingest is the slow part)
-        stat = (Path(dataset) / "corpus.jsonl").stat()
-        tag = f"{data.name}-{embedder}-{stat.st_size}-{int(stat.st_mtime)}"
-        root = Path(cache_dir) / tag
-        root.mkdir(parents=True, exist_ok=True)
+    with contextlib.ExitStack() as stack:
+        if cache_dir is not None:  # reuse an ingested copy of this exact corpus (ingest is the slow part)
+            stat = (Path(dataset) / "corpus.jsonl").stat()
+            root = Path(cache_dir) / f"{data.name}-{embedder}-{stat.st_size}-{int(stat.st_mtime)}"
+            root.mkdir(parents=True, exist_ok=True)
+        else:
+            root = Path(stack.enter_context(tempfile.TemporaryDirectory(dir=work_dir)))
         report = _evaluate_in(
             root,
             data,
@@ -164,20 +167,6 @@ def evaluate(
             disclosure_mode,
             progress,
         )
-    else:
-        with tempfile.TemporaryDirectory(dir=work_dir) as tmp:
-            report = _evaluate_in(
-                Path(tmp),
-                data,
-                embedder,
-                methods,
-                candidates,
-                max_queries,
-                index_size,
-                snippets,
-                disclosure_mode,
-                progress,
-            )
     report["dataset"] = str(dataset)
     report["embedder"] = embedder
     return report
