@@ -204,6 +204,37 @@ class Client:
         _raise_for(response)
         return response.json()["data"]
 
+    # ---- retrieval collections (the tenant's own) ---------------------------------------------
+    def add_documents(
+        self, collection: str, documents: list[dict[str, Any]], delete: list[str] | None = None
+    ) -> dict[str, Any]:
+        """Upsert documents ({"id", "text", "title"?, "metadata"?}) by id; `delete` removes ids."""
+        body: dict[str, Any] = {"documents": documents}
+        if delete:
+            body["delete"] = delete
+        response = self._http.post(
+            f"/v1/collections/{collection}/documents", json=body, headers=self._headers()
+        )
+        _raise_for(response)
+        return response.json()
+
+    def search(
+        self, collection: str, query: str, top_k: int = 10, mode: str = "bm25_dense"
+    ) -> list[dict[str, Any]]:
+        """Ranked chunks with both scores (`bm25_score`, `dense_score`)."""
+        response = self._http.post(
+            f"/v1/collections/{collection}/search",
+            json={"query": query, "top_k": top_k, "mode": mode},
+            headers=self._headers(),
+        )
+        _raise_for(response)
+        return response.json()["data"]
+
+    def delete_collection(self, collection: str) -> dict[str, Any]:
+        response = self._http.delete(f"/v1/collections/{collection}", headers=self._headers())
+        _raise_for(response)
+        return response.json()
+
     def create_key(self, tenant: str, name: str = "") -> dict[str, Any]:
         response = self._http.post(
             "/admin/keys", json={"tenant": tenant, "name": name}, headers=self._headers(admin=True)
@@ -266,6 +297,17 @@ class AsyncClient:
             async for line in resp.aiter_lines():
                 for chunk in _events(iter((line,))):
                     yield chunk, route
+
+    async def search(
+        self, collection: str, query: str, top_k: int = 10, mode: str = "bm25_dense"
+    ) -> list[dict[str, Any]]:
+        response = await self._http.post(
+            f"/v1/collections/{collection}/search",
+            json={"query": query, "top_k": top_k, "mode": mode},
+            headers=self._headers(),
+        )
+        _raise_for(response)
+        return response.json()["data"]
 
     async def aclose(self) -> None:
         await self._http.aclose()

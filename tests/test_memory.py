@@ -345,3 +345,23 @@ def test_memory_is_classified_by_the_policy(mgw, scripted):
     assert asked.headers["x-polyroute-data-class"] == "public"
     result = _tool_results(scripted.requests_for("tooly-model")[-1])[0]
     assert "withheld: classified pii" in result and "mustermann" not in result
+
+
+def test_sdk_collections(mgw, scripted):
+    from polyroute import Client, PolyrouteError
+
+    with Client(mgw.url, api_key=mgw.api_key) as client:
+        added = client.add_documents(
+            "sdk-notes", [{"id": "n1", "title": "Parking", "text": "Visitors park on level -2."}]
+        )
+        assert (
+            added
+            and client.search("sdk-notes", "where do visitors park", top_k=3, mode="bm25")[0]["document_id"]
+            == "n1"
+        )
+        client.add_documents("sdk-notes", [], delete=["n1"])
+        assert client.search("sdk-notes", "where do visitors park", mode="bm25") == []
+        assert client.delete_collection("sdk-notes")["deleted"] is True
+        with pytest.raises(PolyrouteError) as missing:
+            client.search("sdk-notes", "anything")
+        assert missing.value.status == 404
