@@ -350,3 +350,22 @@ async def search(name: str, request: Request) -> JSONResponse:
     return JSONResponse(
         {"object": "list", "collection": name, "mode": body.mode, "data": [h.as_dict() for h in hits]}
     )
+
+
+@router.delete("/v1/sessions/{session_id}")
+async def forget_session(session_id: str, request: Request) -> JSONResponse:
+    """Forget a conversation's session memory (metadata.session_id): its stored turns are deleted."""
+    from retrieval.store import session_collection
+
+    tenant = _tenant(request)
+    dropped = await asyncio.to_thread(
+        retriever(request.app).drop, tenant, session_collection(session_id), True
+    )
+    if not dropped:
+        raise APIError(
+            404,
+            "No session memory with this id for this tenant.",
+            type="not_found_error",
+            code="session_not_found",
+        )
+    return JSONResponse({"object": "session.deleted", "deleted": True})

@@ -283,6 +283,13 @@ def test_session_memory_recalls_earlier_turns(mgw, scripted):
     assert other.status_code == 200 and "4711" not in _system(scripted.requests_for("tooly-model")[-1])
     globex = chat(mgw, "tooly", "What is my locker code?", key=mgw.other_key, session_id="sess-1")  # type: ignore[attr-defined]
     assert globex.status_code == 200 and "4711" not in _system(scripted.requests_for("tooly-model")[-1])
+    # each tenant forgets its own session of that id; the other tenant's stays until it asks
+    forget = f"{mgw.url}/v1/sessions/sess-1"
+    assert httpx.delete(forget, headers=mgw.auth(mgw.other_key)).json()["deleted"] is True  # type: ignore[attr-defined]
+    assert httpx.delete(forget, headers=mgw.auth()).json()["deleted"] is True
+    assert httpx.delete(forget, headers=mgw.auth()).status_code == 404
+    again = chat(mgw, "tooly", "What is my locker code at the Lisbon office?", session_id="sess-1")
+    assert again.status_code == 200 and "4711" not in _system(scripted.requests_for("tooly-model")[-1])
 
 
 def test_memory_errors_and_isolation(mgw, scripted):
