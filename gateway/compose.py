@@ -24,6 +24,7 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
+from gateway import memory
 from gateway.errors import APIError, error_response
 from gateway.schemas import ChatCompletionRequest
 from policies import Worker
@@ -222,7 +223,7 @@ async def respond(state, request: Request, ex, composition: Composition) -> Resp
         return error_response(err)
     params = {k: v for k in SAMPLING if (v := getattr(chat, k)) is not None}
     run = Run(
-        messages=chat.messages_payload(),
+        messages=memory.workflow_messages(ex.memory, chat.messages_payload()),
         pool=composition.pool,
         ask=_asker(state),
         ceiling_usd=ceiling,
@@ -260,6 +261,9 @@ async def respond(state, request: Request, ex, composition: Composition) -> Resp
             err.message += f" (trace: {orjson.dumps(trace).decode()})"
         return error_response(err)
     headers["x-polyroute-worker"] = final.worker
+    memory.remember(state, ex.memory, final.text)
+    if ex.memory is not None:
+        headers["x-polyroute-memory"] = ex.memory.header()
     await ex.finish(
         state, final.worker, 200, [], prompt_tokens, completion_tokens, outcome.cost_usd, strategy, trace
     )

@@ -525,3 +525,23 @@ async def open_stream(state, ex, worker, api_base) -> OpenStream:
             chat = _expand_text(chat, memory, text, directive)
     ex.headers[MEMORY_HEADER] = memory.header()
     return MemoryStream(stream, iterator, buffered, prior, lambda answer: _remember(state, memory, answer))
+
+
+# ------------------------------------------------------------------------------ workflows
+def workflow_messages(memory: MemoryPlan | None, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A composed workflow's view of the conversation: layers 0 and 1 as a system message after
+    the client's own. Workflows run no expansion loop, so the how-to-expand line is left out."""
+    if memory is None or not memory.context:
+        return messages
+    lines = memory.context.render(tools=True).split("\n")
+    note = {"role": "system", "content": "Memory retrieved for this request:\n" + "\n".join(lines[1:])}
+    at = next(
+        (i for i, m in enumerate(messages) if m.get("role") not in ("system", "developer")), len(messages)
+    )
+    return [*messages[:at], note, *messages[at:]]
+
+
+def remember(state, memory: MemoryPlan | None, answer: str) -> None:
+    """Store a composed answer's turn in the session memory, as fast mode does."""
+    if memory is not None:
+        _remember(state, memory, answer)

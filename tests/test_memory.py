@@ -372,3 +372,27 @@ def test_sdk_collections(mgw, scripted):
         with pytest.raises(PolyrouteError) as missing:
             client.search("sdk-notes", "anything")
         assert missing.value.status == 404
+
+
+def test_composed_workflows_share_the_memory(mgw, scripted):
+    """A cascade's answering workers see the recalled memory; its judge sees only question + answer."""
+    scripted.behave("plain-model", text="27 days.")
+    scripted.behave("tooly-model", replies={"How likely is the proposed answer": "9"})
+    body = {
+        "model": "compose:cascade",
+        "messages": [{"role": "user", "content": "How many vacation days do employees get?"}],
+        "metadata": {"collections": ["handbook"]},
+    }
+    r = httpx.post(f"{mgw.v1}/chat/completions", headers=mgw.auth(), json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    assert r.headers["x-polyroute-worker"] == "plain" and r.headers["x-polyroute-memory"].startswith(
+        "entries="
+    )
+    (answered,) = scripted.requests_for("plain-model")
+    assert "Memory retrieved for this request" in _system(answered) and "[m1] Vacation policy" in _system(
+        answered
+    )
+    (judged,) = scripted.requests_for("tooly-model")
+    assert (
+        "Memory retrieved" not in str(judged["messages"]) and "27 days." in judged["messages"][-1]["content"]
+    )
