@@ -12,6 +12,7 @@ to the ledger and, with `x-polyroute-trace: 1`, to the client.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 import zlib
@@ -98,8 +99,6 @@ async def plan(
             return Composition()
         if decision.strategy != "fast" or len(decision.workers) < 2:
             return Composition()
-        import asyncio
-
         estimates = await asyncio.to_thread(router.estimates, route, list(decision.workers))
         prediction = predict_cascade(estimates, weight, settings.compose_verifier_accuracy)
         if not should_cascade(prediction):
