@@ -13,6 +13,7 @@ to the ledger and, with `x-polyroute-trace: 1`, to the client.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 import zlib
@@ -29,7 +30,7 @@ from gateway import memory
 from gateway.errors import APIError, error_response
 from gateway.schemas import ChatCompletionRequest
 from policies import Worker
-from router import RouteDecision, RouteRequest
+from router import RouteRequest
 from router.compose import (
     PREFIX,
     WORKFLOWS,
@@ -46,6 +47,7 @@ from router.compose import (
     requested_workflow,
     should_cascade,
 )
+from router.decide import Estimate
 
 log = logging.getLogger("polyroute.compose")
 
@@ -76,13 +78,19 @@ class Composition:
     cost_weight: float = 0.5
 
 
-def _by_strength(decision: RouteDecision, router, route: RouteRequest) -> tuple[Worker, ...]:
-    """Strongest first: by predicted quality with a learned router, else by price (a proxy)."""
-    pool = decision.workers
-    if router.name == "learned":
-        quality = {e.worker: e.quality for e in router.estimates(route, list(pool))}
+def _by_strength(pool: tuple[Worker, ...], estimates: list[Estimate] | None) -> tuple[Worker, ...]:
+    """Strongest first: by predicted quality when the router predicts it, else by price (a proxy)."""
+    if estimates is not None:
+        quality = {e.worker: e.quality for e in estimates}
         return tuple(sorted(pool, key=lambda w: -quality.get(w.name, 0.0)))
     return tuple(sorted(pool, key=lambda w: (-w.output_price_per_m, -w.input_price_per_m, w.name)))
+
+
+async def _estimates(router, route: RouteRequest, pool: tuple[Worker, ...]) -> list[Estimate] | None:
+    """The learned router's per-worker predictions (it embeds the query: off the event loop)."""
+    if router.name != "learned":
+        return None
+    return await asyncio.to_thread(router.estimates, route, list(pool))
 
 
 async def plan(
@@ -99,12 +107,12 @@ async def plan(
             return Composition()
         if decision.strategy != "fast" or len(decision.workers) < 2:
             return Composition()
-        estimates = await asyncio.to_thread(router.estimates, route, list(decision.workers))
+        estimates = await _estimates(router, route, decision.workers)
         prediction = predict_cascade(estimates, weight, settings.compose_verifier_accuracy)
         if not should_cascade(prediction):
             return Composition()
         return Composition(
-            "cascade", _by_strength(decision, router, route), prediction.reason, "chosen", weight
+            "cascade", _by_strength(decision.workers, estimates), prediction.reason, "chosen", weight
         )
     if chat.tools:
         return Composition(note=f"degraded: {forced} does not take tools; answered in fast mode")
@@ -112,7 +120,9 @@ async def plan(
         return Composition(
             note=f"degraded: only one admissible worker ({decision.workers[0].name}); fast mode"
         )
-    pool = _by_strength(decision, router, route) if forced == "cascade" else decision.workers
+    pool = decision.workers
+    if forced == "cascade":
+        pool = _by_strength(pool, await _estimates(router, route, pool))
     return Composition(forced, pool, f"{PREFIX}{forced} requested", "requested", weight)
 
 
@@ -135,13 +145,19 @@ def _ceiling(state, chat: ChatCompletionRequest) -> Decimal:
     return min(asked, ceiling)
 
 
+@functools.lru_cache(maxsize=4)
+def _acceptance_model(path: str, mtime_ns: int):
+    """Loaded once per file version (a retrained model has a new mtime), not once per request."""
+    import joblib
+
+    return joblib.load(path)
+
+
 def _verifier(state, pool: tuple[Worker, ...], chat: ChatCompletionRequest):
     kind = (chat.metadata or {}).get("verifier") or state.settings.compose_verifier
     model_path = Path(state.router.root) / ACCEPTANCE_FILE
     if kind in ("auto", "model") and model_path.exists():
-        import joblib
-
-        return ModelVerifier(joblib.load(model_path))
+        return ModelVerifier(_acceptance_model(str(model_path), model_path.stat().st_mtime_ns))
     if kind == "model":
         raise APIError(
             400,

@@ -323,7 +323,7 @@ def _remember(state, memory: MemoryPlan, answer: str) -> None:
 # ------------------------------------------------------------------------------ the calls
 async def complete(state, ex, worker, api_base) -> Completion:
     """`state.client.complete` with memory: inject, run expansions, return one merged answer."""
-    memory: MemoryPlan | None = getattr(ex, "memory", None)
+    memory: MemoryPlan | None = ex.memory
     if memory is None:
         return await state.client.complete(worker, api_base, ex.chat)
     tools = _uses_tools(worker)
@@ -491,7 +491,7 @@ class MemoryStream(OpenStream):
 
 async def open_stream(state, ex, worker, api_base) -> OpenStream:
     """`state.client.open_stream` with memory: expansion rounds are consumed, the answer streams."""
-    memory: MemoryPlan | None = getattr(ex, "memory", None)
+    memory: MemoryPlan | None = ex.memory
     if memory is None:
         return await state.client.open_stream(worker, api_base, ex.chat)
     tools = _uses_tools(worker)
