@@ -118,10 +118,10 @@ class MemoryBudgets:
         if path is not None and path.exists():
             try:
                 raw = json.loads(path.read_text())
-                self._settled = {k: int(v) for k, v in raw.get("settled", raw.get("micros", {})).items()}
-                self._settled = {
-                    (k if "|d:" in k or "|m:" in k else self._upgrade(k)): v for k, v in self._settled.items()
-                }
+                if "settled" in raw:
+                    self._settled = {k: int(v) for k, v in raw["settled"].items()}
+                else:  # spend.json version 1
+                    self._settled = {self._upgrade(k): int(v) for k, v in raw.get("micros", {}).items()}
             except (ValueError, OSError) as exc:
                 log.error("cannot read %s (%s); starting from zero spend", path, exc)
 
