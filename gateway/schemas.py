@@ -6,9 +6,10 @@ does) rather than silently dropped, so a client's typo is an error, not a surpri
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator, model_validator
 
 # OpenAI parameters forwarded to workers unchanged (litellm maps them per provider).
 FORWARDED_PARAMS = (
@@ -30,6 +31,29 @@ FORWARDED_PARAMS = (
     "parallel_tool_calls",
     "response_format",
 )
+
+
+def payload_strings(value: Any) -> Iterator[str]:
+    """Every string in a JSON-like value, depth first in document order: str values, dict keys, and
+    numbers as written (an int can carry a card number as well as a string can).
+
+    This is what data-class detection reads, so it must not know the schema: whatever the request
+    forwards to a worker, in whichever field (tool schemas, extra keys, `stop`, `logit_bias` keys...),
+    is a string here. Iterative, so a deeply nested body cannot exhaust the recursion limit.
+    """
+    stack: list[Any] = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            yield item
+        elif isinstance(item, dict):
+            for key, child in reversed(item.items()):
+                stack.append(child)
+                stack.append(key if isinstance(key, str) else str(key))
+        elif isinstance(item, list | tuple):
+            stack.extend(reversed(item))
+        elif isinstance(item, int | float) and not isinstance(item, bool):
+            yield str(int(item)) if isinstance(item, float) and item.is_integer() else str(item)
 
 
 class ContentPart(BaseModel):
@@ -92,7 +116,7 @@ class Message(BaseModel):
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    include_usage: bool = False
+    include_usage: StrictBool = False
 
 
 class ChatCompletionRequest(BaseModel):
@@ -100,7 +124,8 @@ class ChatCompletionRequest(BaseModel):
 
     model: str = Field(min_length=1, max_length=128)
     messages: list[Message] = Field(min_length=1, max_length=4096)
-    stream: bool = False
+    # Strict, as OpenAI is: "yes", "true" or 1 are refused rather than read as true.
+    stream: StrictBool = False
     stream_options: StreamOptions | None = None
     metadata: dict[str, Any] | None = None
 
@@ -113,13 +138,13 @@ class ChatCompletionRequest(BaseModel):
     presence_penalty: float | None = Field(None, ge=-2, le=2)
     frequency_penalty: float | None = Field(None, ge=-2, le=2)
     logit_bias: dict[str, float] | None = None
-    logprobs: bool | None = None
+    logprobs: StrictBool | None = None
     top_logprobs: int | None = Field(None, ge=0, le=20)
     seed: int | None = None
     user: str | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
-    parallel_tool_calls: bool | None = None
+    parallel_tool_calls: StrictBool | None = None
     response_format: dict[str, Any] | None = None
 
     @field_validator("tools")
@@ -142,8 +167,11 @@ class ChatCompletionRequest(BaseModel):
         return [m.model_dump(exclude_none=True) for m in self.messages]
 
     def texts(self) -> tuple[str, ...]:
-        """Every text the workers would see (for data-class detection)."""
-        return tuple(text for m in self.messages for text in m.texts())
+        """Every string a worker is sent, for data-class detection: one walk over the very payload
+        the upstream call is built from (`messages_payload()` and `forwarded_params()`), so that no
+        field can be forwarded without having been classified. Routing reads `last_user_text()` and
+        `prompt_chars()` instead, which stay about message content."""
+        return tuple(payload_strings([self.messages_payload(), self.forwarded_params()]))
 
     def last_user_text(self) -> str:
         """The query the router reads: the last user message (its text parts joined)."""

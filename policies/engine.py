@@ -15,7 +15,7 @@ from decimal import Decimal
 from policies.admission import Admission, Exclusion, unavailable_reason
 from policies.catalog import Catalog, Worker
 from policies.cost import predicted_cost
-from policies.detect import Detector, RegexDetector, builtin_detectors, scan
+from policies.detect import Detector, RegexDetector, builtin_detectors, decoded_views, scan
 from policies.schema import Policy, Rule, Tenant
 
 UNAVAILABLE = "unavailable"
@@ -227,7 +227,12 @@ class PolicyEngine:
             found.append((request.data_class, f"tagged: {request.data_class}"))
         current = max((c for c, _ in found), key=policy.strictness)
         if self.detectors and current != self._strictest:
-            for finding in scan(request.texts, self.detectors):
+            # One text, one pass per detector: a request's payload is many small strings (keys,
+            # roles, tool schemas), and scanning each alone would cost a call per string and
+            # detector. A newline between them keeps a shape from spanning two fields. Escaped
+            # text (JSON unicode escapes in tool-call arguments, %40 in a URL) is scanned decoded too.
+            texts = [*request.texts, *(view for text in request.texts for view in decoded_views(text))]
+            for finding in scan(("\n".join(texts),), self.detectors):
                 data_class = self._kind_class.get(finding.kind)
                 if data_class is not None:
                     found.append((data_class, f"detected {finding.kind}: {data_class}"))

@@ -15,8 +15,10 @@ from policies.detect import (
     Finding,
     RegexDetector,
     builtin_detectors,
+    decoded_views,
     iban_valid,
     luhn_valid,
+    normalise,
     scan,
 )
 
@@ -346,3 +348,161 @@ def test_empty_input():
     assert scan([""], ALL) == []
     assert scan(["", ""], ALL, first_only=False) == []
     assert scan(["a@example.com"], []) == []
+
+
+# ---- evasion: the same data written so that a naive pattern misses it (issue 12) -------------
+ZW = "\u200b"  # zero-width space
+FW = str.maketrans("0123456789@+", "０１２３４５６７８９＠＋")  # full-width digits, @ and +
+AR = str.maketrans("0123456789", "٠١٢٣٤٥٦٧٨٩")  # Arabic-Indic digits
+
+EVASIONS = [
+    # credit_card: dots, mixed and spaced separators, other scripts' digits, invisible characters
+    ("credit_card", "card 4111.1111.1111.1111 exp", "4111.1111.1111.1111"),
+    ("credit_card", "card 4111 1111-1111.1111 exp", "4111 1111-1111.1111"),
+    ("credit_card", "card 4111 - 1111 - 1111 - 1111", "4111 - 1111 - 1111 - 1111"),
+    ("credit_card", "card 4111\u20131111\u20131111\u20131111", "4111\u20131111\u20131111\u20131111"),
+    ("credit_card", "card 4111\u00a01111\u00a01111\u00a01111", "4111\u00a01111\u00a01111\u00a01111"),
+    ("credit_card", "card " + "4111 1111 1111 1111".translate(FW), "4111 1111 1111 1111".translate(FW)),
+    ("credit_card", "card " + "5555555555554444".translate(AR), "5555555555554444".translate(AR)),
+    (
+        "credit_card",
+        "card 4" + ZW + "111 11" + ZW + "11 1111 1111",
+        "4" + ZW + "111 11" + ZW + "11 1111 1111",
+    ),
+    ("credit_card", "card " + ZW.join("4111111111111111"), ZW.join("4111111111111111")),
+    ("credit_card", "card 3782\u2009822463\u200910005", "3782\u2009822463\u200910005"),
+    ("credit_card", "exp 12/26 4111 1111 1111 1111", "4111 1111 1111 1111"),
+    ("credit_card", "0 4111 1111 1111 1111", "4111 1111 1111 1111"),
+    ("credit_card", "4111 1111 1111 1111 12", "4111 1111 1111 1111"),
+    # email: invisible characters, full-width @, look-alike letters in the domain
+    ("email", "mail ja" + ZW + "ne@exa" + ZW + "mple.com now", "ja" + ZW + "ne@exa" + ZW + "mple.com"),
+    ("email", "mail jane\u00ad.doe@example.com", "jane\u00ad.doe@example.com"),
+    ("email", "mail jane＠example.com", "jane＠example.com"),
+    ("email", "mail jane@ex\u0430mple.com", "jane@ex\u0430mple.com"),  # Cyrillic a
+    # iban: lower case, dashes, dots, no separators
+    ("iban", "iban de89 3704 0044 0532 0130 00", "de89 3704 0044 0532 0130 00"),
+    ("iban", "iban DE89-3704-0044-0532-0130-00", "DE89-3704-0044-0532-0130-00"),
+    ("iban", "iban de89370400440532013000", "de89370400440532013000"),
+    ("iban", "iban gb82.west.1234.5698.7654.32", "gb82.west.1234.5698.7654.32"),
+    ("iban", "iban FR14" + ZW + "2004 1010 0505 0001 3M02 606", "FR14" + ZW + "2004 1010 0505 0001 3M02 606"),
+    # national_id: an SSN without dashes next to a word naming it; a lower-case NINO
+    ("national_id", "SSN 123456789", "123456789"),
+    ("national_id", "social security number: 123 45 6789.", "123 45 6789"),
+    ("national_id", '{"ssn": "078.05.1120"}', "078.05.1120"),
+    ("national_id", "user_ssn=078051120", "078051120"),
+    ("national_id", "SSN " + "078-05-1120".translate(FW), "078-05-1120".translate(FW)),
+    ("national_id", "nino ab123456c", "ab123456c"),
+    # phone: national formats, mixed separators, full-width
+    ("phone", "portable 06.12 34-56 78", "06.12 34-56 78"),
+    ("phone", "mobile 07700 900123", "07700 900123"),
+    ("phone", "London 020 7183 8750", "020 7183 8750"),
+    ("phone", "Manchester 0161 496 0000", "0161 496 0000"),
+    ("phone", "Berlin 030 1234567", "030 1234567"),
+    ("phone", "Berlin 030/12345678", "030/12345678"),
+    ("phone", "Berlin (030) 1234567", "(030) 1234567"),
+    ("phone", "Berlin +49 30 1234567", "+49 30 1234567"),
+    ("phone", "call (555) 123-4567", "(555) 123-4567"),
+    ("phone", "call 202 555-0143", "202 555-0143"),
+    ("phone", "call " + "+33 6 12 34 56 78".translate(FW), "+33 6 12 34 56 78".translate(FW)),
+    ("phone", "call 0" + ZW + "6 12 3" + ZW + "4 56 78", "0" + ZW + "6 12 3" + ZW + "4 56 78"),
+    # api_secret: Stripe, AWS secret key, JWT, GitLab
+    ("api_secret", "STRIPE=sk_live_" + "4eC39HqLyjWDarjtT1zdp7dc", "sk_live_" + "4eC39HqLyjWDarjtT1zdp7dc"),
+    ("api_secret", "key rk_live_" + "51H8kLmN0pQ2rS4tU6vW8xY0", "rk_live_" + "51H8kLmN0pQ2rS4tU6vW8xY0"),
+    (
+        "api_secret",
+        "aws_secret_access_key = " + "wJalrXUtnFEMI/K7MDENG/" + "bPxRfiCYEXAMPLEKEY",
+        "wJalrXUtnFEMI/K7MDENG/" + "bPxRfiCYEXAMPLEKEY",
+    ),
+    (
+        "api_secret",
+        '"SecretAccessKey": "' + "je7MtGbClwBF/2Zp9Utk/" + 'h3yCo8nvbEXAMPLEKEY"',
+        "je7MtGbClwBF/2Zp9Utk/" + "h3yCo8nvbEXAMPLEKEY",
+    ),
+    (
+        "api_secret",
+        "token=eyJ"
+        + "hbGciOiJIUzI1NiIsInR5cCI6IkpXVCJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFU",
+        "eyJ"
+        + "hbGciOiJIUzI1NiIsInR5cCI6IkpXVCJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFU",
+    ),
+    ("api_secret", "GITLAB=glpat-" + "xK9mP2qR7sT4uV6wY8zA", "glpat-" + "xK9mP2qR7sT4uV6wY8zA"),
+    ("api_secret", "key sk-" + ZW.join("aB3d" * 12), "sk-" + ZW.join("aB3d" * 12)),
+]
+
+
+@pytest.mark.parametrize(("kind", "text", "span"), EVASIONS, ids=[f"{k}:{t[-24:]!a}" for k, t, _ in EVASIONS])
+def test_evasion_is_detected_with_its_original_span(kind, text, span):
+    findings = [f for f in find_all(text) if f.kind == kind]
+    assert [text[f.start : f.end] for f in findings] == [span]
+
+
+TECHNICAL_NEGATIVES = [
+    "866.266 6679 and 404.315 4507",  # a decimal then a number is no phone
+    "values 12 34 56 78 90 12 34 56 78 90 11 22",  # a table of pairs holds every phone shape
+    "01 02 03 04 05 06 07 08 09 10",
+    "0123 4567 8901 2345 6789",
+    "2019 2020 2021 2022 2023 2024 2025",
+    "ports 8080 8443 9090 3000 5432 6379 27017",
+    "measured 0.123 0.456 0.789 1.234 5.678 9.012 ms",
+    "at 48.85661 2.35222 then 40.71278 -74.00597",
+    "ISO 8601: 2024-11-15T12:30:45.123456789Z",
+    "sha1 da39a3ee5e6b4b0d3255bfef95601890afd80709 in the aws bucket",
+    "the secret digest is 2fd4e1c67a2d28fced849ee1bb76e7391b93eb12",
+    "AWS region us-east-1 holds bucket my-bucket-2024 since 2021",
+    "classname 123456789",  # "ssn" inside a word is no context
+    "the laws of 1999 and ticket 123456789",
+    "order 123456789 shipped on 2024-11-15",
+    "eyJ is how base64-encoded JSON starts",
+    "(2024) 15 papers and (0) 12 34",
+    "ab12 cdef ghij klmn and de12 have been seen",
+    "build 4.1.1.1 and 1111.2222.3333",
+    "SKU 4011-2233-44 and lot 55-66-7788",
+    "timestamps 1700000000000 1700000000123 1700000000456",
+    "uuids 123e4567-e89b-12d3-a456-426614174000",
+    "matrix [[0.1, 0.2], [0.3, 0.4]] and 1e-10, 6.022e23",
+    "version 10.0.19045.3803 build 22621.2428",
+]
+
+
+@pytest.mark.parametrize("text", TECHNICAL_NEGATIVES)
+def test_technical_text_is_not_personal_data(text):
+    assert find_all(text) == []
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "plain ascii stays the same object",
+        "tab\tand\nnewline",
+        "é, 😊 and 中文 read as themselves",
+    ],
+)
+def test_normalise_leaves_ordinary_text_alone(text):
+    norm = normalise(text)
+    assert norm.text is text and norm.original(3) == 3
+
+
+def test_normalise_folds_and_maps_offsets_back():
+    text = "a\u200bb ４\ufb01 x\u2013y\u00a0z\x00!"
+    norm = normalise(text)
+    assert norm.text == "ab 4fi x-y z!"
+    for i, ch in enumerate(norm.text):
+        assert normalise(text[norm.original(i)]).text.startswith(ch) or ch in "fi"
+    assert normalise(norm.text).text == norm.text  # idempotent
+
+
+@pytest.mark.parametrize(
+    ("text", "view"),
+    [
+        ('{"q": "ja\\u200bne@example.com"}', '{"q": "ja\u200bne@example.com"}'),
+        ("https://x.example/?to=jane%40example.com", "https://x.example/?to=jane@example.com"),
+        ("mail jane&#64;example.com or &#x6a;ohn@example.org", "mail jane@example.com or john@example.org"),
+    ],
+)
+def test_decoded_views_undo_escapes(text, view):
+    assert view in decoded_views(text)
+    assert [f.kind for f in scan([view], ALL)] == ["email"]
+
+
+def test_decoded_views_leave_plain_text_alone():
+    assert decoded_views("growth 12% in Q3, see C:\\users and &amp; more") == []
