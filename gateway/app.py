@@ -9,8 +9,9 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gateway.errors import install_error_handlers
+from gateway.errors import APIError, install_error_handlers
 from gateway.routes import router
 from gateway.settings import Settings
 from gateway.state import build_state
@@ -19,6 +20,52 @@ from policies import Catalog
 log = logging.getLogger("polyroute.gateway")
 
 SPEND_SAVE_INTERVAL_S = 5.0
+
+
+class BodyDeadline:
+    """ASGI middleware: a request's whole body must arrive within `timeout_s`, else 408.
+
+    uvicorn has no such bound: a client that sends its body a byte at a time keeps a connection
+    and a request task for as long as it likes. The bound sits on `receive`, so every route's body
+    read (JSON, uploaded files) is cut the same way, with the OpenAI error shape; the 408 closes
+    the connection, since the rest of that body will never be read.
+    """
+
+    def __init__(self, app: ASGIApp, timeout_s: float) -> None:
+        self.app = app
+        self.timeout_s = timeout_s
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        deadline: float | None = None
+        complete = False
+
+        async def receive_in_time() -> Message:
+            nonlocal complete, deadline
+            if complete:  # the body is in: later reads wait for a disconnect, which takes what it takes
+                return await receive()
+            if deadline is None:  # from the app's first read: the server's own delays are not the client's
+                deadline = asyncio.get_running_loop().time() + self.timeout_s
+            limit = asyncio.timeout_at(deadline)
+            try:
+                async with limit:
+                    message = await receive()
+            except TimeoutError:
+                if not limit.expired():
+                    raise
+                raise APIError(
+                    408,
+                    f"the request body did not arrive within {self.timeout_s:g} s",
+                    code="body_timeout",
+                    headers={"connection": "close"},
+                ) from None
+            if message["type"] != "http.request" or not message.get("more_body", False):
+                complete = True
+            return message
+
+        await self.app(scope, receive_in_time, send)
 
 
 def create_app(settings: Settings | None = None, catalog: Catalog | None = None) -> FastAPI:
@@ -87,5 +134,6 @@ def create_app(settings: Settings | None = None, catalog: Catalog | None = None)
     app = FastAPI(title="polyroute", version="0.1.0", lifespan=lifespan, docs_url="/docs", redoc_url=None)
     app.state.polyroute = state
     install_error_handlers(app)
+    app.add_middleware(BodyDeadline, timeout_s=settings.body_timeout_s)
     app.include_router(router)
     return app

@@ -1,4 +1,8 @@
-"""Authentication: `Authorization: Bearer <key>` → the key's record (and so its tenant)."""
+"""Authentication: `Authorization: Bearer <key>` → the key's record (and so its tenant).
+
+Async because verifying a key may need I/O (the shared key store): `KeyStore.verify_async`
+answers from memory when it can and otherwise does the I/O off the event loop.
+"""
 
 from __future__ import annotations
 
@@ -50,9 +54,9 @@ class Authenticator:
     def _is_settings_admin(self, token: str) -> bool:
         return self._admin_hash is not None and hmac.compare_digest(hash_key(token), self._admin_hash)
 
-    def _verify(self, token: str) -> KeyRecord | None:
+    async def _verify(self, token: str) -> KeyRecord | None:
         try:
-            return self.store.verify(token)
+            return await self.store.verify_async(token)
         except KeyStoreUnavailable as exc:  # fail closed: no key is accepted unverified
             raise APIError(
                 503,
@@ -62,18 +66,18 @@ class Authenticator:
                 headers={"retry-after": "1"},
             ) from None
 
-    def client(self, request: Request) -> KeyRecord:
+    async def client(self, request: Request) -> KeyRecord:
         """A tenant key (admin keys are refused here: they carry no tenant)."""
-        record = self._verify(bearer_token(request))
+        record = await self._verify(bearer_token(request))
         if record is None or record.admin:
             raise _invalid()
         return record
 
-    def admin(self, request: Request) -> KeyRecord:
+    async def admin(self, request: Request) -> KeyRecord:
         token = bearer_token(request)
         if self._is_settings_admin(token):
             return KeyRecord("admin-env", ADMIN_TENANT, "POLYROUTE_ADMIN_KEY", "", "", admin=True)
-        record = self._verify(token)
+        record = await self._verify(token)
         if record is None:
             raise _invalid()
         if not record.admin:

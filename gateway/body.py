@@ -1,8 +1,24 @@
-"""Reading and validating request bodies: size-capped, strict JSON, pydantic, OpenAI errors."""
+"""Reading and validating request bodies: size-capped, strict JSON, pydantic, OpenAI errors.
+
+A large body is parsed and validated in a worker thread, not on the event loop: megabytes of JSON
+(many messages, tool schemas, numbers) take tens of milliseconds to parse and validate, and on the
+loop that time stalls every other request of every tenant (their Redis replies arrive "late"). `off_loop` is the same
+lane for other CPU-heavy work on a large request (the policy's data-class detection).
+
+The lane is one thread on purpose. Because of the GIL a thread does not make the work parallel;
+what it buys is that the loop thread gets the GIL back between the work's steps, so the loop
+stalls for at most one C call of the detection (~0.1 s on 3 MB) instead of the whole request.
+Each extra thread is one more contender for the GIL: with two, the light tenant's p99 next to a
+heavy one doubled (bench/noisy_neighbour.py). Heavy requests queue for the lane instead.
+"""
 
 from __future__ import annotations
 
-from typing import TypeVar
+import asyncio
+import functools
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import ParamSpec, TypeVar
 
 import orjson
 from pydantic import BaseModel, ValidationError
@@ -11,6 +27,30 @@ from starlette.requests import Request
 from gateway.errors import APIError
 
 Model = TypeVar("Model", bound=BaseModel)
+P = ParamSpec("P")
+R = TypeVar("R")
+
+# Above this a body's parsing, validation and detection run off the loop. Below it they take well
+# under a millisecond, less than the hop to a thread costs.
+LARGE_BODY_BYTES = 64 * 1024
+HEAVY_WORKERS = 1
+_HEAVY = ThreadPoolExecutor(max_workers=HEAVY_WORKERS, thread_name_prefix="polyroute-heavy")
+_SIZE_ATTR = "polyroute_body_bytes"
+
+
+async def off_loop(fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
+    """Run CPU-heavy request work in the heavy-work lane and await it."""
+    loop = asyncio.get_running_loop()
+    return await loop.run_in_executor(_HEAVY, functools.partial(fn, *args, **kwargs))
+
+
+def body_size(request: Request) -> int:
+    """The size of the body `read_body` read for this request (0 before it ran)."""
+    return getattr(request.state, _SIZE_ATTR, 0)
+
+
+def is_large(request: Request) -> bool:
+    return body_size(request) > LARGE_BODY_BYTES
 
 
 async def read_body(request: Request, limit: int) -> bytes:
@@ -29,6 +69,7 @@ async def read_body(request: Request, limit: int) -> bytes:
         if size > limit:
             raise APIError(413, f"request body is larger than {limit} bytes", code="body_too_large")
         chunks.append(chunk)
+    setattr(request.state, _SIZE_ATTR, size)
     return b"".join(chunks)
 
 
@@ -62,5 +103,21 @@ def validate(model: type[Model], data: dict) -> Model:
         raise APIError(400, message, param=param, code="invalid_value") from None
 
 
+async def read_json_object(request: Request, limit: int) -> dict:
+    """Read and parse a JSON object; a body over LARGE_BODY_BYTES is parsed off the event loop."""
+    raw = await read_body(request, limit)
+    if len(raw) > LARGE_BODY_BYTES:
+        return await off_loop(parse_json_object, raw)
+    return parse_json_object(raw)
+
+
+def parse_model(model: type[Model], raw: bytes) -> Model:
+    return validate(model, parse_json_object(raw))
+
+
 async def read_model(request: Request, model: type[Model], limit: int) -> Model:
-    return validate(model, parse_json_object(await read_body(request, limit)))
+    """Read, parse and validate; a body over LARGE_BODY_BYTES is parsed off the event loop."""
+    raw = await read_body(request, limit)
+    if len(raw) > LARGE_BODY_BYTES:
+        return await off_loop(parse_model, model, raw)
+    return parse_model(model, raw)

@@ -25,7 +25,7 @@ from typing import Any, Literal
 from fastapi import APIRouter, FastAPI, Request
 from pydantic import BaseModel, ConfigDict, Field
 
-from gateway.body import parse_json_object, read_body, validate
+from gateway.body import read_json_object, read_model, validate
 from gateway.errors import APIError, JSONResponse
 from gateway.state import AppState
 from retrieval import (
@@ -71,9 +71,9 @@ def retriever(app: FastAPI) -> Retriever:
         return found
 
 
-def _tenant(request: Request) -> str:
+async def _tenant(request: Request) -> str:
     state: AppState = request.app.state.polyroute
-    return state.auth.client(request).tenant
+    return (await state.auth.client(request)).tenant
 
 
 def _name(name: str) -> str:
@@ -89,9 +89,11 @@ def _not_found(name: str) -> APIError:
     )
 
 
-def _collection(request: Request, tenant: str, name: str, create: bool = False):
+async def _collection(request: Request, tenant: str, name: str, create: bool = False):
+    """Open the collection in a thread: the first open reads its index and database from disk."""
+    store, checked = retriever(request.app), _name(name)
     try:
-        return retriever(request.app).get(tenant, _name(name), create=create)
+        return await asyncio.to_thread(store.get, tenant, checked, create=create)
     except CollectionNotFound:
         raise _not_found(name) from None
 
@@ -116,7 +118,7 @@ class SearchBody(BaseModel):
 
 @router.get("/v1/collections")
 async def list_collections(request: Request) -> JSONResponse:
-    tenant = _tenant(request)
+    tenant = await _tenant(request)
     store = retriever(request.app)
     data = []
     for name in store.names(tenant):
@@ -126,13 +128,13 @@ async def list_collections(request: Request) -> JSONResponse:
 
 @router.get("/v1/collections/{name}")
 async def get_collection(name: str, request: Request) -> JSONResponse:
-    collection = _collection(request, _tenant(request), name)
+    collection = await _collection(request, await _tenant(request), name)
     return JSONResponse(await asyncio.to_thread(collection.stats))
 
 
 @router.delete("/v1/collections/{name}")
 async def delete_collection(name: str, request: Request) -> JSONResponse:
-    tenant = _tenant(request)
+    tenant = await _tenant(request)
     if not await asyncio.to_thread(retriever(request.app).drop, tenant, _name(name)):
         raise _not_found(name)
     return JSONResponse({"object": "collection.deleted", "name": name, "deleted": True})
@@ -141,7 +143,7 @@ async def delete_collection(name: str, request: Request) -> JSONResponse:
 async def _documents_from_json(
     request: Request, limit: int
 ) -> tuple[list[DocumentInput], list[str], list[dict]]:
-    body = parse_json_object(await read_body(request, limit))
+    body = await read_json_object(request, limit)  # up to the upload limit: parsed off the loop
     unknown = set(body) - {"documents", "delete"}
     if unknown:
         raise APIError(
@@ -216,7 +218,7 @@ async def _documents_from_files(request: Request, limit: int) -> tuple[list[Docu
 @router.post("/v1/collections/{name}/documents")
 async def ingest_documents(name: str, request: Request) -> JSONResponse:
     state: AppState = request.app.state.polyroute
-    tenant = _tenant(request)
+    tenant = await _tenant(request)
     _name(name)
     limit = state.settings.retrieval_max_upload_bytes
     content_type = request.headers.get("content-type", "")
@@ -227,7 +229,7 @@ async def ingest_documents(name: str, request: Request) -> JSONResponse:
         docs, deletes, errors = await _documents_from_json(request, limit)
     if not docs and not deletes:  # every document or file was refused
         return _rejected(name, [], [], errors)
-    collection = _collection(request, tenant, name, create=bool(docs))  # deletes alone need it to exist
+    collection = await _collection(request, tenant, name, create=bool(docs))  # deletes alone need it to exist
 
     def work():
         good, results = [], []
@@ -289,7 +291,7 @@ def _rejected(name: str, results, deleted: list[str], errors: list[dict]) -> JSO
 
 @router.get("/v1/collections/{name}/documents")
 async def list_documents(name: str, request: Request, limit: int = 100, after: str = "") -> JSONResponse:
-    collection = _collection(request, _tenant(request), name)
+    collection = await _collection(request, await _tenant(request), name)
     limit = max(1, min(limit, 1000))
     data = await asyncio.to_thread(collection.list_documents, limit, after)
     return JSONResponse({"object": "list", "data": data, "has_more": len(data) == limit})
@@ -303,7 +305,7 @@ async def get_document(
     from retrieval.memory import best_passage
     from retrieval.text import tokenize
 
-    collection = _collection(request, _tenant(request), name)
+    collection = await _collection(request, await _tenant(request), name)
     record = await asyncio.to_thread(collection.document, doc_id)
     if record is None:
         raise APIError(
@@ -327,7 +329,7 @@ async def get_document(
 
 @router.delete("/v1/collections/{name}/documents/{doc_id:path}")
 async def delete_document(name: str, doc_id: str, request: Request) -> JSONResponse:
-    collection = _collection(request, _tenant(request), name)
+    collection = await _collection(request, await _tenant(request), name)
     deleted = await asyncio.to_thread(collection.delete, [doc_id])
     if not deleted:
         raise APIError(
@@ -339,9 +341,9 @@ async def delete_document(name: str, doc_id: str, request: Request) -> JSONRespo
 @router.post("/v1/collections/{name}/search")
 async def search(name: str, request: Request) -> JSONResponse:
     state: AppState = request.app.state.polyroute
-    tenant = _tenant(request)
-    body = validate(SearchBody, parse_json_object(await read_body(request, state.settings.max_body_bytes)))
-    collection = _collection(request, tenant, name)
+    tenant = await _tenant(request)
+    body = await read_model(request, SearchBody, state.settings.max_body_bytes)
+    collection = await _collection(request, tenant, name)
     assert body.mode in MODES
     try:
         hits = await asyncio.to_thread(collection.search, body.query, body.top_k, body.mode, body.candidates)
@@ -357,7 +359,7 @@ async def forget_session(session_id: str, request: Request) -> JSONResponse:
     """Forget a conversation's session memory (metadata.session_id): its stored turns are deleted."""
     from retrieval.store import session_collection
 
-    tenant = _tenant(request)
+    tenant = await _tenant(request)
     dropped = await asyncio.to_thread(
         retriever(request.app).drop, tenant, session_collection(session_id), True
     )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -20,12 +21,20 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from gateway import caching, compose, memory, ratelimits
-from gateway.body import read_model
+from gateway.body import is_large, off_loop, read_model
 from gateway.errors import APIError, error_response
 from gateway.ledger import RequestRecord, storable_query
 from gateway.schemas import ChatCompletionRequest
 from gateway.state import AppState
-from gateway.store import BudgetExceeded, Limit, Limits, Reservation, StoreUnavailable, to_micros
+from gateway.store import (
+    BudgetExceeded,
+    Limit,
+    Limits,
+    Reservation,
+    StoreReplyError,
+    StoreUnavailable,
+    to_micros,
+)
 from gateway.upstream import Completion, OpenStream, WorkerError
 from policies import Admission, PolicyRequest, PolicyRequestError, Spend, estimate_tokens, predicted_cost
 from router import RouteDecision, RouteRequest, estimate_cost
@@ -138,16 +147,29 @@ def _denied(admission: Admission, subject: str) -> APIError:
     )
 
 
-def _float_param(value: object, name: str, low: float, high: float | None) -> float | None:
+MAX_COST_WEIGHT = 100.0  # λ: past a few units the cheapest admissible worker wins anyway
+
+
+def _float_param(value: object, name: str, low: float, high: float) -> float | None:
+    """A bounded, finite number (a JSON number or a numeric string, as headers carry them).
+
+    `float()` alone takes "inf", "nan" and 1e999 (which JSON parsers turn into infinity), and
+    True as 1.0; an infinite λ would then turn every utility into NaN and the ranking into noise."""
     if value is None:
         return None
-    try:
-        number = float(value)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        number = float("nan")
-    if not (number >= low and (high is None or number <= high)):
-        bound = f"between {low:g} and {high:g}" if high is not None else f">= {low:g}"
-        raise APIError(400, f"{name} must be a number {bound}", param=name, code="invalid_value")
+    number = float("nan")
+    if not isinstance(value, bool):
+        try:
+            number = float(value)  # type: ignore[arg-type]
+        except (TypeError, ValueError, OverflowError):
+            pass
+    if not (math.isfinite(number) and low <= number <= high):
+        raise APIError(
+            400,
+            f"{name} must be a finite number between {low:g} and {high:g}",
+            param=name,
+            code="invalid_value",
+        )
     return number
 
 
@@ -157,7 +179,10 @@ def route_request(
     """What the router sees: sizes, the last user message, λ (request > header > tenant) or a target."""
     metadata = chat.metadata or {}
     weight = _float_param(
-        metadata.get("cost_weight", request.headers.get(COST_WEIGHT_HEADER)), "metadata.cost_weight", 0, None
+        metadata.get("cost_weight", request.headers.get(COST_WEIGHT_HEADER)),
+        "metadata.cost_weight",
+        0,
+        MAX_COST_WEIGHT,
     )
     return RouteRequest(
         prompt_chars=chat.prompt_chars(),
@@ -267,6 +292,19 @@ async def budget_usage(state: AppState, tenant: str, limits: Limits) -> Spend:
     except StoreUnavailable as exc:
         state.metrics.store_unavailable.labels("budgets").inc()
         raise _budget_store_down(exc) from None
+    except StoreReplyError as exc:
+        raise store_reply_error(exc) from None
+
+
+def store_reply_error(exc: StoreReplyError) -> APIError:
+    """Redis rejected one of our operations: a bug (logged once per kind), not an outage. Only this
+    request fails, with a 500; the breaker stays closed and other requests are served."""
+    return APIError(
+        500,
+        f"internal error in the gateway's shared store ({exc.what}); this request was not completed",
+        type="server_error",
+        code="store_error",
+    )
 
 
 def _budget_store_down(exc: Exception) -> APIError:
@@ -280,9 +318,31 @@ def _budget_store_down(exc: Exception) -> APIError:
     )
 
 
+@dataclass(slots=True)
+class Usage:
+    """Tokens and cost of worker calls, summed."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost_usd: Decimal = Decimal(0)
+
+    def add(self, prompt_tokens: int, completion_tokens: int, cost_usd: Decimal) -> None:
+        self.prompt_tokens += prompt_tokens
+        self.completion_tokens += completion_tokens
+        self.cost_usd += cost_usd
+
+
 @dataclass
 class Exchange:
-    """One request's context from decision to ledger: its holds on budgets and limits included."""
+    """One request's context from decision to ledger: its holds on budgets and limits included.
+
+    Budget holds: each attempt (one worker) starts with one hold of its predicted cost. A memory
+    loop calls the worker again, so before each further call the hold is extended by that call's
+    prediction (`cover`), and the call that would cross the budget is refused: at every moment
+    settled + reserved ≤ budget, as README's bound says. What calls have already cost is never
+    released: an attempt given up after calls that were answered (`unsettled`) is settled with
+    that amount (`release`), and the ledger record adds it (`settled`).
+    """
 
     request_id: str
     tenant: str
@@ -294,18 +354,48 @@ class Exchange:
     budget: Limits = field(default_factory=Limits)
     limits: list[Limit] = field(default_factory=list)
     cache: caching.CachePlan | None = None
-    reservation: Reservation | None = None
+    holds: list[Reservation] = field(default_factory=list)  # the current attempt's, together
     started: float = field(default_factory=time.perf_counter)
     memory: memory.MemoryPlan | None = None  # context from collections/session (gateway/memory.py)
+    held_micros: int = 0  # what `holds` reserve
+    predicted_micros: int = 0  # the predictions of the current attempt's calls so far (`cover`)
+    unsettled: Usage = field(default_factory=Usage)  # answered calls of the current attempt, not yet billed
+    settled: Usage = field(default_factory=Usage)  # given-up attempts' calls, already on the budget
+    settled_micros: int = 0  # ... as the budget counted them (rounded up per settle)
+
+    def remaining(self, state: AppState) -> float:
+        """Seconds left of the request's deadline (POLYROUTE_REQUEST_TIMEOUT_S) for worker calls."""
+        return self.started + state.settings.request_timeout_s - time.perf_counter()
 
     async def hold(self, state: AppState, worker, micros: int | None = None) -> None:
-        """Reserve this worker's predicted cost (or `micros`) on the tenant's budget before calling it."""
-        if not self.budget.any:
-            return
+        """Start an attempt: reserve this worker's predicted cost (or `micros`) on the tenant's budget."""
+        self.predicted_micros = 0
         if micros is None:
             micros = to_micros(predicted_cost(worker, self.chat.prompt_chars(), self.chat.output_budget()))
+        await self._reserve(state, worker, micros)
+
+    async def cover(self, state: AppState, worker, chat: ChatCompletionRequest) -> None:
+        """Before each call of an attempt that calls its worker more than once (memory): extend the
+        hold so it covers every call's prediction, this one's included (the chat actually sent, so
+        the first call's recalled memory counts too). Raises BudgetRefusal: the call must not run."""
+        self.predicted_micros += to_micros(predicted_cost(worker, chat.prompt_chars(), chat.output_budget()))
+        missing = self.predicted_micros - self.held_micros
+        if missing > 0:
+            await self._reserve(state, worker, missing)
+
+    def spent(self, prompt_tokens: int, completion_tokens: int, cost_usd: Decimal) -> None:
+        """A call of the current attempt answered: what it cost is owed whatever happens next."""
+        self.unsettled.add(prompt_tokens, completion_tokens, cost_usd)
+
+    def answered(self) -> None:
+        """The attempt's answer accounts for all its calls (memory merges the rounds)."""
+        self.unsettled = Usage()
+
+    async def _reserve(self, state: AppState, worker, micros: int) -> None:
+        if not self.budget.any:
+            return
         try:
-            self.reservation = await state.stores.budgets.reserve(self.tenant, micros, self.budget)
+            reservation = await state.stores.budgets.reserve(self.tenant, micros, self.budget)
         except BudgetExceeded as exc:
             raise BudgetRefusal(worker.name, 403, f"budget:{exc.period}: {exc}", "budget_exceeded") from None
         except StoreUnavailable as exc:
@@ -313,11 +403,28 @@ class Exchange:
             raise BudgetRefusal(
                 worker.name, 503, _budget_store_down(exc).message, "budget_store_unavailable"
             ) from None
+        self.holds.append(reservation)
+        self.held_micros += micros
+
+    async def _settle(self, state: AppState, micros: int) -> None:
+        """Settle the attempt's holds with `micros` (one settles, the others are released)."""
+        holds, self.holds, self.held_micros = self.holds, [], 0
+        if not holds:
+            state.stores.budgets.record(self.tenant, micros)
+            return
+        await state.stores.budgets.settle(holds[0], micros)
+        for extra in holds[1:]:
+            await state.stores.budgets.release(extra)
 
     async def release(self, state: AppState) -> None:
-        if self.reservation is not None:
-            reservation, self.reservation = self.reservation, None
-            await state.stores.budgets.release(reservation)
+        """Give up the current attempt: its holds go, except what its answered calls cost."""
+        spent, self.unsettled = self.unsettled, Usage()
+        if not self.holds and not spent.cost_usd:
+            return
+        micros = to_micros(spent.cost_usd)
+        await self._settle(state, micros)
+        self.settled.add(spent.prompt_tokens, spent.completion_tokens, spent.cost_usd)
+        self.settled_micros += micros
 
     async def finish(
         self,
@@ -331,16 +438,19 @@ class Exchange:
         strategy: str | None = None,
         trace: dict | None = None,
     ) -> None:
-        """Settle the budget hold with the actual cost, correct the token limits, write the ledger."""
-        micros = to_micros(cost)
-        if self.reservation is not None:
-            reservation, self.reservation = self.reservation, None
-            await state.stores.budgets.settle(reservation, micros)
-        else:
-            state.stores.budgets.record(self.tenant, micros)
+        """Settle the budget holds with the actual cost, correct the token limits, write the ledger.
+
+        The ledger record counts every call of the request, given-up attempts' included."""
+        now = Usage(prompt_tokens, completion_tokens, cost)
+        now.add(self.unsettled.prompt_tokens, self.unsettled.completion_tokens, self.unsettled.cost_usd)
+        self.unsettled = Usage()
+        micros = to_micros(now.cost_usd)
+        await self._settle(state, micros)
+        total = Usage(self.settled.prompt_tokens, self.settled.completion_tokens, self.settled.cost_usd)
+        total.add(now.prompt_tokens, now.completion_tokens, now.cost_usd)
         if self.limits:
             await ratelimits.correct_tokens(
-                state.stores.limiter, self.tenant, self.limits, prompt_tokens + completion_tokens
+                state.stores.limiter, self.tenant, self.limits, total.prompt_tokens + total.completion_tokens
             )
         state.ledger.record_request(
             RequestRecord(
@@ -350,9 +460,9 @@ class Exchange:
                 worker=worker,
                 strategy=strategy or self.decision.strategy,
                 status=status,
-                prompt_tokens=prompt_tokens,
-                completion_tokens=completion_tokens,
-                cost_micros=micros,
+                prompt_tokens=total.prompt_tokens,
+                completion_tokens=total.completion_tokens,
+                cost_micros=self.settled_micros + micros,
                 latency_ms=round((time.perf_counter() - self.started) * 1000, 2),
                 policy_version=self.admission.policy_version,
                 router_version=self.router_version,
@@ -379,7 +489,7 @@ async def chat_completions(request: Request) -> Response:
     router = state.router.current  # one router for the whole request, even if a new model lands now
     engine = state.policy.engine  # one policy snapshot for the whole decision, even if a reload lands now
     try:
-        key = state.auth.client(request)
+        key = await state.auth.client(request)
         chat = await read_model(request, ChatCompletionRequest, state.settings.max_body_bytes)
         tenant = engine.policy.tenants.get(key.tenant) if engine is not None else None
         rate = tenant.rate_limit if tenant is not None else None
@@ -394,7 +504,12 @@ async def chat_completions(request: Request) -> Response:
         spend = await budget_usage(state, key.tenant, budget)
         recalled = await memory.plan(request, state, key.tenant, chat)  # retrieval memory, or None
         memory_texts = (recalled.injected_text(),) if recalled is not None else ()
-        admission = admission_for(state, request, key.tenant, chat, engine, spend, memory_texts)
+        if is_large(request):  # detection over megabytes: off the event loop, which serves everyone
+            admission = await off_loop(
+                admission_for, state, request, key.tenant, chat, engine, spend, memory_texts
+            )
+        else:
+            admission = admission_for(state, request, key.tenant, chat, engine, spend, memory_texts)
         if recalled is not None:
             recalled.withhold = withhold_above(engine, key.tenant, admission)
         headers = {**headers, **policy_headers(request_id, admission)}
@@ -420,6 +535,8 @@ async def chat_completions(request: Request) -> Response:
         composition = await compose.plan(state, request, chat, route, decision, router)
     except APIError as err:
         return _refused(state, err, headers)
+    except StoreReplyError as exc:  # e.g. the rate-limit script: this request fails, nobody else
+        return _refused(state, store_reply_error(exc), headers)
     exchange = Exchange(
         request_id,
         key.tenant,
@@ -437,12 +554,16 @@ async def chat_completions(request: Request) -> Response:
         exchange.headers[caching.CACHE_HEADER] = "miss"
     if composition.note:
         exchange.headers[compose.COMPOSE_HEADER] = composition.note
-    if composition.workflow is not None:
-        return await compose.respond(state, request, exchange, composition)
     log.debug("request %s tenant=%s -> %s", request_id, key.tenant, [w.name for w in decision.workers])
-    if chat.stream:
-        return await _stream(state, exchange)
-    return await _complete(state, exchange)
+    try:
+        if composition.workflow is not None:
+            return await compose.respond(state, request, exchange, composition)
+        if chat.stream:
+            return await _stream(state, exchange)
+        return await _complete(state, exchange)
+    except StoreReplyError as exc:  # a reservation Redis rejected: this request stops here
+        await exchange.finish(state, None, 500, [])
+        return _refused(state, store_reply_error(exc), exchange.headers)
 
 
 async def _from_cache(
@@ -464,13 +585,17 @@ async def _from_cache(
     return Response(hit.body, media_type="application/json", headers=headers)
 
 
-async def first_success(state: AppState, ex: Exchange, call) -> tuple[object | None, list[WorkerError]]:
+async def first_success(
+    state: AppState, ex: Exchange, call, failures: list[WorkerError] | None = None
+) -> tuple[object | None, list[WorkerError]]:
     """Try the decision's workers in order (all admissible) until one answers or one refuses for good.
 
-    Each attempt first reserves the worker's predicted cost; a failed attempt releases it, so only
-    the answering worker's hold is left for `Exchange.finish` to settle.
+    Each attempt first reserves the worker's predicted cost; a failed attempt releases it (keeping
+    what its answered calls cost, see `Exchange.release`), so only the answering worker's hold is
+    left for `Exchange.finish` to settle. `failures` (if given) is filled as attempts fail, so a
+    caller whose deadline cuts this short still knows what was tried.
     """
-    failures: list[WorkerError] = []
+    failures = [] if failures is None else failures
     for worker in ex.decision.workers:
         try:
             await ex.hold(state, worker)
@@ -486,10 +611,72 @@ async def first_success(state: AppState, ex: Exchange, call) -> tuple[object | N
             failures.append(err)
             if not err.fallback:
                 break
-        except BaseException:  # cancelled (client gone) or a bug: the hold must not outlive the request
+        except BaseException:  # cancelled (client gone, deadline) or a bug: no hold outlives the request
             await asyncio.shield(ex.release(state))
             raise
     return None, failures
+
+
+class DeadlinePassed(Exception):
+    """The request's total deadline (POLYROUTE_REQUEST_TIMEOUT_S) passed."""
+
+
+async def _within(seconds: float, awaitable):
+    """`awaitable` bounded by `seconds`; DeadlinePassed when the bound, not something inside, timed out."""
+    limit = asyncio.timeout(seconds)
+    try:
+        async with limit:
+            return await awaitable
+    except TimeoutError:
+        if limit.expired():
+            raise DeadlinePassed from None
+        raise
+
+
+class StreamDeadline:
+    """The request's deadline over a stream's reads: one timer for the whole stream, not one armed
+    and cancelled per chunk (`asyncio.timeout` around each read). When the deadline
+    passes while the stream waits on the worker, the read is cancelled; when it passes while a chunk
+    is on its way to the client, the next read ends the stream. Create it in the task that reads."""
+
+    def __init__(self, seconds: float) -> None:
+        self._task = asyncio.current_task()
+        self._reading = False
+        self.expired = False
+        self._timer = asyncio.get_running_loop().call_later(max(seconds, 0.0), self._fire)
+
+    def _fire(self) -> None:
+        self.expired = True
+        if self._reading and self._task is not None:
+            self._task.cancel()
+
+    async def read(self, chunks: AsyncIterator[dict]) -> dict:
+        """The next chunk; DeadlinePassed once the deadline has passed; StopAsyncIteration at the end."""
+        if self.expired:
+            raise DeadlinePassed
+        self._reading = True
+        try:
+            return await anext(chunks)
+        except asyncio.CancelledError:
+            if self.expired and self._task is not None and self._task.uncancel() == 0:
+                raise DeadlinePassed from None  # our cancellation, and nobody else's
+            raise
+        finally:
+            self._reading = False
+
+    def close(self) -> None:
+        self._timer.cancel()
+
+
+def _deadline_error(state: AppState, failures: list[WorkerError]) -> APIError:
+    tried = "; ".join(f"{f.worker}: {f.message}" for f in failures)
+    return APIError(
+        504,
+        f"No worker answered within the request's deadline of {state.settings.request_timeout_s:g} s "
+        f"(retries and fallbacks included){'; before that: ' + tried if tried else ''}",
+        type="server_error",
+        code="request_timeout",
+    )
 
 
 def _answered_headers(headers: dict[str, str], worker: str, failures: list[WorkerError]) -> dict[str, str]:
@@ -500,14 +687,20 @@ def _answered_headers(headers: dict[str, str], worker: str, failures: list[Worke
 
 
 async def _complete(state: AppState, ex: Exchange) -> Response:
-    result, failures = await first_success(
-        state, ex, lambda worker, base: memory.complete(state, ex, worker, base)
-    )
+    failures: list[WorkerError] = []  # filled as attempts fail: the deadline's 504 names them
+
+    def call(worker, base):
+        return memory.complete(state, ex, worker, base)
+
+    try:
+        result, failures = await _within(ex.remaining(state), first_success(state, ex, call, failures))
+    except DeadlinePassed:
+        return await _failed(state, ex, failures, _deadline_error(state, failures))
     if result is None:
         return await _failed(state, ex, failures)
     assert isinstance(result, Completion)
     headers = _answered_headers(ex.headers, result.worker.name, failures)
-    headers["x-polyroute-cost-usd"] = format_cost(result.cost_usd)
+    headers["x-polyroute-cost-usd"] = format_cost(result.cost_usd + ex.settled.cost_usd)
     await ex.finish(
         state,
         result.worker.name,
@@ -525,20 +718,47 @@ async def _complete(state: AppState, ex: Exchange) -> Response:
     return Response(orjson.dumps(result.body), media_type="application/json", headers=headers)
 
 
-async def _failed(state: AppState, ex: Exchange, failures: list[WorkerError]) -> Response:
-    err = final_error(failures)
+async def _failed(
+    state: AppState, ex: Exchange, failures: list[WorkerError], err: APIError | None = None
+) -> Response:
+    """No answer. What given-up attempts' answered calls cost (memory rounds) is still billed."""
+    err = err or final_error(failures)
     worker = failures[-1].worker if failures else "-"
-    err.headers = {**ex.headers, **err.headers, "x-polyroute-cost-usd": "0", "x-polyroute-worker": worker}
+    err.headers = {
+        **ex.headers,
+        **err.headers,
+        "x-polyroute-cost-usd": format_cost(ex.settled.cost_usd),
+        "x-polyroute-worker": worker,
+    }
     await ex.finish(state, None, err.status, failures)
     state.metrics.errors.labels(err.code or err.type).inc()
     state.metrics.requests.labels(worker, ex.decision.strategy, str(err.status)).inc()
     return error_response(err)
 
 
+class EventStream(StreamingResponse):
+    """SSE whose generator is closed the moment the response ends, however it ends. A client that
+    hangs up is then billed at once (see `_sse`), not whenever the generator is garbage-collected."""
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            close = getattr(self.body_iterator, "aclose", None)
+            if close is not None:
+                await close()
+
+
 async def _stream(state: AppState, ex: Exchange) -> Response:
-    stream, failures = await first_success(
-        state, ex, lambda worker, base: memory.open_stream(state, ex, worker, base)
-    )
+    failures: list[WorkerError] = []  # filled as attempts fail: the deadline's 504 names them
+
+    def call(worker, base):
+        return memory.open_stream(state, ex, worker, base)
+
+    try:
+        stream, failures = await _within(ex.remaining(state), first_success(state, ex, call, failures))
+    except DeadlinePassed:  # before the first byte: a plain 504
+        return await _failed(state, ex, failures, _deadline_error(state, failures))
     if stream is None:
         return await _failed(state, ex, failures)
     assert isinstance(stream, OpenStream)
@@ -546,56 +766,93 @@ async def _stream(state: AppState, ex: Exchange) -> Response:
     # Headers leave before the answer: this is the prompt-side cost; the final usage chunk carries
     # the actual total under "polyroute".
     headers |= {
-        "x-polyroute-cost-usd": format_cost(stream.prompt_cost_usd),
+        "x-polyroute-cost-usd": format_cost(stream.prompt_cost_usd + ex.settled.cost_usd),
         "x-polyroute-cost-basis": "prompt-estimate",
         "cache-control": "no-cache",
         "x-accel-buffering": "no",
     }
     body = _sse(state, ex, stream, failures, include_usage=_wants_usage(ex.chat))
-    return StreamingResponse(body, media_type="text/event-stream", headers=headers)
+    return EventStream(body, media_type="text/event-stream", headers=headers)
 
 
 def _wants_usage(chat: ChatCompletionRequest) -> bool:
     return bool(chat.stream_options and chat.stream_options.include_usage)
 
 
+# How a stream ended -> the ledger's status for it.
+STREAM_STATUS = {"completed": 200, "mid_stream_error": 502, "deadline": 504, "client_disconnected": 499}
+
+
+def _error_event(message: str, code: str) -> bytes:
+    error = {"message": message, "type": "server_error", "param": None, "code": code}
+    return b"data: " + orjson.dumps({"error": error}) + b"\n\n"
+
+
 async def _sse(
     state: AppState, ex: Exchange, stream: OpenStream, failures: list[WorkerError], include_usage: bool
 ) -> AsyncIterator[bytes]:
+    """The worker's chunks as SSE, each read within what is left of the request's deadline.
+
+    However the stream ends, what was streamed is billed: the provider's usage when it arrived,
+    otherwise the prompt and the text sent so far, counted here and marked as an estimate in the
+    ledger (trace.usage). The ledger status says how it ended: 200, 502 (the worker failed
+    mid-stream), 504 (the deadline passed: the client gets an error event) or 499 (the client hung up).
+    """
     worker = stream.worker.name
-    status = "200"
+    outcome = "completed"
+    chunks = stream.__aiter__()
+    deadline = StreamDeadline(ex.remaining(state))
     try:
-        async for chunk in stream:
+        while True:
+            try:
+                chunk = await deadline.read(chunks)
+            except StopAsyncIteration:
+                break
             if chunk.get("usage") and not chunk.get("choices"):
                 if not include_usage:
                     continue
                 chunk["polyroute"] = {"worker": worker, "cost_usd": format_cost(stream.cost_usd)}
             yield b"data: " + orjson.dumps(chunk) + b"\n\n"
     except WorkerError as err:
-        status = "mid_stream_error"
-        state.metrics.errors.labels("mid_stream_error").inc()
+        outcome = "mid_stream_error"
         log.warning("stream from %s failed mid-way: %s", worker, err.message)
-        error = {
-            "message": f"worker {worker} failed mid-stream: {err.message}",
-            "type": "server_error",
-            "param": None,
-            "code": "upstream_stream_error",
-        }
-        yield b"data: " + orjson.dumps({"error": error}) + b"\n\n"
+        yield _error_event(f"worker {worker} failed mid-stream: {err.message}", "upstream_stream_error")
+    except DeadlinePassed:
+        outcome = "deadline"
+        log.warning("stream from %s cut at the request's deadline", worker)
+        yield _error_event(
+            f"the request's deadline of {state.settings.request_timeout_s:g} s passed mid-stream; "
+            "what was streamed is billed",
+            "request_timeout",
+        )
+    except (GeneratorExit, asyncio.CancelledError):  # the client hung up (closed, or cancelled by starlette)
+        outcome = "client_disconnected"
+        raise
     finally:
-        # What was streamed is spent, even if cut short (the ledger marks a cut stream as 502). The
-        # settle runs as its own task: a client that hangs up cancels this generator, not the books.
+        deadline.close()
+        trace = None
+        if outcome != "completed":
+            estimated = stream.account_cut()
+            trace = {"stream": outcome, "usage": "estimated" if estimated else "reported"}
+            state.metrics.errors.labels(outcome).inc()
+        # The settle runs as its own task: a client that hangs up cancels this generator, not the books.
         state.spawn(
             ex.finish(
                 state,
                 worker,
-                200 if status == "200" else 502,
+                STREAM_STATUS[outcome],
                 failures,
                 stream.prompt_tokens,
                 stream.completion_tokens,
                 stream.cost_usd,
+                trace=trace,
             )
         )
-        state.metrics.requests.labels(worker, ex.decision.strategy, status).inc()
+        label = "200" if outcome == "completed" else outcome
+        state.metrics.requests.labels(worker, ex.decision.strategy, label).inc()
         state.metrics.latency.labels("true").observe(time.perf_counter() - ex.started)
+        try:
+            await chunks.aclose()  # release the upstream connection now
+        except Exception:
+            log.debug("closing the stream of %s failed", worker, exc_info=True)
     yield b"data: [DONE]\n\n"

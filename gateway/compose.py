@@ -197,10 +197,14 @@ def workflow_for(state, composition: Composition, chat: ChatCompletionRequest):
     return Debate(debaters=min(3, max(2, settings.compose_members - 1)), rounds=1)
 
 
-def _asker(state):
+def _asker(state, deadline: float):
+    """One workflow step's call. `deadline` (loop time) is the request's: a step still running then is
+    cut like a step past its own timeout (the workflow drops it and stops early, billing what ran)."""
+
     async def ask(worker: Worker, messages: list[dict[str, Any]], params: dict[str, Any]) -> Answer:
         step = ChatCompletionRequest.model_validate({"model": worker.name, "messages": messages, **params})
-        result = await state.client.complete(worker, state.api_base(worker), step)
+        async with asyncio.timeout_at(deadline):
+            result = await state.client.complete(worker, state.api_base(worker), step)
         choices = result.body.get("choices") or [{}]
         text = (choices[0].get("message") or {}).get("content") or ""
         return Answer(
@@ -240,7 +244,7 @@ async def respond(state, request: Request, ex, composition: Composition) -> Resp
     run = Run(
         messages=memory.workflow_messages(ex.memory, chat.messages_payload()),
         pool=composition.pool,
-        ask=_asker(state),
+        ask=_asker(state, asyncio.get_running_loop().time() + ex.remaining(state)),
         ceiling_usd=ceiling,
         cost_weight=composition.cost_weight,
         max_tokens=chat.output_budget(),

@@ -8,7 +8,9 @@ import orjson
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 from starlette.responses import Response
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 log = logging.getLogger("polyroute.gateway")
 
@@ -50,7 +52,32 @@ def error_response(err: APIError) -> JSONResponse:
     return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
 
 
+class ClientGone:
+    """ASGI middleware: a client that hung up ends its request with one log line.
+
+    Starlette raises ClientDisconnect when the app reads a body the client stopped sending (or
+    streams to a client that left). Unhandled, it reached the catch-all handler and uvicorn: two
+    tracebacks for an everyday event. It is not an exception handler on purpose: Starlette refuses
+    to run one once the response has started (a stream), and there is nobody left to answer anyway.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await self.app(scope, receive, send)
+        except ClientDisconnect:
+            if scope["type"] != "http":
+                raise
+            log.info(
+                "client disconnected before its request was answered: %s %s", scope["method"], scope["path"]
+            )
+
+
 def install_error_handlers(app: FastAPI) -> None:
+    app.add_middleware(ClientGone)
+
     @app.exception_handler(APIError)
     async def _api_error(_: Request, exc: APIError) -> JSONResponse:
         return error_response(exc)

@@ -5,10 +5,15 @@ The embedded default keeps them in one JSON file under the data dir, written ato
 gateway re-reads the file when its mtime changes (checked at most once per reload interval),
 so a key created or revoked by `polyroute keys ...` takes effect without a restart.
 Keys are 256-bit random tokens, so a plain hash is the right storage (no password stretching).
+
+The request path calls `verify_async`: an answer already in memory is returned at once, and
+anything that needs I/O (re-reading the file, asking Redis) runs in a worker thread, so a slow
+disk or a slow Redis never stops the event loop. `verify` is the same check, blocking, for the CLI.
 """
 
 from __future__ import annotations
 
+import asyncio
 import fcntl
 import hashlib
 import json
@@ -70,6 +75,7 @@ class KeyStore(Protocol):
     """Hashed API keys; two backends: a file (one host) and Redis (replicas)."""
 
     def verify(self, plaintext: str) -> KeyRecord | None: ...
+    async def verify_async(self, plaintext: str) -> KeyRecord | None: ...
     def list(self, include_revoked: bool = True) -> list[KeyRecord]: ...
     def create(
         self, tenant: str, name: str = "", admin: bool = False, rpm: int | None = None, tpm: int | None = None
@@ -128,6 +134,9 @@ class FileKeyStore:
         self._records = {r.key_hash: r for r in records}
         self._mtime_ns = stat.st_mtime_ns
 
+    def _due(self) -> bool:
+        return time.monotonic() - self._checked_at >= self.reload_interval_s
+
     def _refresh(self) -> None:
         now = time.monotonic()
         if now - self._checked_at < self.reload_interval_s:
@@ -136,11 +145,20 @@ class FileKeyStore:
             self._checked_at = now
             self._load()
 
-    def verify(self, plaintext: str) -> KeyRecord | None:
-        """The active record for this key, or None. Called on every request: one hash, one dict hit."""
-        self._refresh()
+    def _lookup(self, plaintext: str) -> KeyRecord | None:
         record = self._records.get(hash_key(plaintext))
         return record if record is not None and record.active else None
+
+    def verify(self, plaintext: str) -> KeyRecord | None:
+        """The active record for this key, or None: one hash, one dict hit (and a stat now and then)."""
+        self._refresh()
+        return self._lookup(plaintext)
+
+    async def verify_async(self, plaintext: str) -> KeyRecord | None:
+        """The request path's check: the file is stat'ed (and re-read if it changed) in a thread."""
+        if self._due():
+            await asyncio.to_thread(self._refresh)
+        return self._lookup(plaintext)
 
     def list(self, include_revoked: bool = True) -> list[KeyRecord]:
         self._refresh()
@@ -216,13 +234,12 @@ class RedisKeyStore:
 
     PREFIX = "polyroute:keys:"
 
-    def __init__(self, url: str, cache_ttl_s: float = 0.5, stale_grace_s: float = 300.0) -> None:
-        import redis
+    def __init__(
+        self, url: str, cache_ttl_s: float = 0.5, stale_grace_s: float = 300.0, timeout_s: float | None = None
+    ) -> None:
+        from gateway.store.health import REDIS_TIMEOUT_S, Breaker, sync_client
 
-        from gateway.store.health import Breaker
-
-        self._redis = redis.Redis.from_url(url, socket_timeout=1.0, socket_connect_timeout=1.0)
-        self._errors = (redis.RedisError, OSError)
+        self._redis = sync_client(url, REDIS_TIMEOUT_S if timeout_s is None else timeout_s)
         self.cache_ttl_s = cache_ttl_s
         self.stale_grace_s = stale_grace_s
         self.breaker = Breaker("Redis (keys)")
@@ -230,29 +247,29 @@ class RedisKeyStore:
         self._lock = threading.Lock()
 
     def _call(self, fn, *args):
-        from gateway.store.health import StoreUnavailable
+        from gateway.store.health import StoreUnavailable, sync_guarded
 
         try:
-            self.breaker.check()
-            result = fn(*args)
+            return sync_guarded(self.breaker, lambda: fn(*args), "keys")
         except StoreUnavailable as exc:
             raise KeyStoreUnavailable(f"key store {exc}") from exc
-        except self._errors as exc:
-            self.breaker.failure(exc)
-            raise KeyStoreUnavailable(f"key store (Redis) unreachable: {exc}") from exc
-        self.breaker.success()
-        return result
 
     def _load(self, raw: bytes | None) -> KeyRecord | None:
         return KeyRecord(**json.loads(raw)) if raw else None
 
-    def verify(self, plaintext: str) -> KeyRecord | None:
-        key_hash = hash_key(plaintext)
-        now = time.monotonic()
+    def _fresh(self, key_hash: str) -> tuple[bool, KeyRecord | None]:
         cached = self._cache.get(key_hash)
-        if cached is not None and now - cached[0] < self.cache_ttl_s:
-            record = cached[1]
-        else:
+        if cached is not None and time.monotonic() - cached[0] < self.cache_ttl_s:
+            return True, cached[1]
+        return False, None
+
+    def verify(self, plaintext: str) -> KeyRecord | None:
+        """Blocking (a Redis round trip on a cache miss): the CLI's check, and the thread's work below."""
+        key_hash = hash_key(plaintext)
+        hit, record = self._fresh(key_hash)
+        if not hit:
+            now = time.monotonic()
+            cached = self._cache.get(key_hash)
             try:
                 record = self._load(self._call(self._redis.get, self.PREFIX + "hash:" + key_hash))
             except KeyStoreUnavailable:
@@ -264,6 +281,14 @@ class RedisKeyStore:
                     self._cache.clear()
                 self._cache[key_hash] = (now, record)
         return record if record is not None and record.active else None
+
+    async def verify_async(self, plaintext: str) -> KeyRecord | None:
+        """The request path's check: a key verified in the last `cache_ttl_s` is answered at once;
+        otherwise the Redis round trip runs in a worker thread, never on the event loop."""
+        hit, record = self._fresh(hash_key(plaintext))
+        if hit:
+            return record if record is not None and record.active else None
+        return await asyncio.to_thread(self.verify, plaintext)
 
     def _put(self, record: KeyRecord) -> None:
         pipe = self._redis.pipeline(transaction=True)
@@ -305,10 +330,16 @@ class RedisKeyStore:
         return any(r.admin and r.active for r in self.list())
 
     def ping(self) -> bool:
+        from gateway.store.health import is_unavailable
+
         try:
-            return bool(self._redis.ping())
-        except self._errors:
+            ok = bool(self._redis.ping())
+        except Exception as exc:  # not ready, whatever it is; only an outage opens the breaker
+            if is_unavailable(exc):
+                self.breaker.probe_failed(exc)
             return False
+        self.breaker.success()
+        return ok
 
 
 def open_key_store(data_dir: Path, redis_url: str | None, reload_interval_s: float = 1.0) -> KeyStore:

@@ -35,7 +35,7 @@ from starlette.requests import Request
 from gateway.collections import retriever
 from gateway.errors import APIError
 from gateway.schemas import ChatCompletionRequest, Message
-from gateway.upstream import Completion, OpenStream
+from gateway.upstream import Completion, OpenStream, WorkerError
 from retrieval import (
     TEXT_DIRECTIVE,
     TOOL_NAME,
@@ -321,6 +321,31 @@ def _remember(state, memory: MemoryPlan, answer: str) -> None:
 
 
 # ------------------------------------------------------------------------------ the calls
+async def _covered(ex, state, worker, chat: ChatCompletionRequest, rounds: int) -> None:
+    """Extend the request's budget hold to cover this round before it runs (`Exchange.cover`).
+
+    The hold taken before the attempt covers one call with the client's prompt; the loop makes up
+    to max_expansions + 2 calls, each with a longer prompt (memory, expansions). A round that would
+    cross the budget is refused here (a 403 once no other worker fits); the rounds already
+    answered stay billed."""
+    try:
+        await ex.cover(state, worker, chat)
+    except WorkerError as refusal:
+        if rounds:
+            refusal.message = (
+                f"memory round {rounds + 1} refused after {rounds} answered (those are billed): "
+                + refusal.message
+            )
+        raise
+
+
+async def _ask(state, ex, worker, api_base, chat: ChatCompletionRequest, rounds: list[Completion]) -> None:
+    await _covered(ex, state, worker, chat, len(rounds))
+    result = await state.client.complete(worker, api_base, chat)
+    ex.spent(result.prompt_tokens, result.completion_tokens, result.cost_usd)
+    rounds.append(result)
+
+
 async def complete(state, ex, worker, api_base) -> Completion:
     """`state.client.complete` with memory: inject, run expansions, return one merged answer."""
     memory: MemoryPlan | None = ex.memory
@@ -331,8 +356,8 @@ async def complete(state, ex, worker, api_base) -> Completion:
     rounds: list[Completion] = []
     memory.expansions = 0
     while True:
-        result = await state.client.complete(worker, api_base, chat)
-        rounds.append(result)
+        await _ask(state, ex, worker, api_base, chat, rounds)
+        result = rounds[-1]
         choices = result.body.get("choices") or []
         message = (choices[0].get("message") or {}) if choices else {}
         spent = memory.expansions >= memory.max_expansions
@@ -342,7 +367,7 @@ async def complete(state, ex, worker, api_base) -> Completion:
                 break
             if spent:
                 chat = _final(chat, ex.chat, tools)
-                rounds.append(await state.client.complete(worker, api_base, chat))
+                await _ask(state, ex, worker, api_base, chat, rounds)
                 break
             chat = _expand_tools(chat, memory, message, mine)
         else:
@@ -352,9 +377,10 @@ async def complete(state, ex, worker, api_base) -> Completion:
                 break
             if spent:
                 chat = _final(chat, ex.chat, tools)
-                rounds.append(await state.client.complete(worker, api_base, chat))
+                await _ask(state, ex, worker, api_base, chat, rounds)
                 break
             chat = _expand_text(chat, memory, content, directive)
+    ex.answered()  # the merged answer carries every round's usage and cost
     merged = _merge(rounds)
     _strip_directives(merged.body)
     ex.headers[MEMORY_HEADER] = memory.header()
@@ -470,6 +496,17 @@ class MemoryStream(OpenStream):
             }
         return chunk
 
+    def account_cut(self) -> bool:
+        """Cut short: the final round's streamed part (estimated if need be) plus the consumed rounds."""
+        estimated = self._inner.account_cut()
+        self._total()
+        return estimated
+
+    def _total(self) -> None:
+        self.prompt_tokens = self._prior[0] + self._inner.prompt_tokens
+        self.completion_tokens = self._prior[1] + self._inner.completion_tokens
+        self.cost_usd = self._prior[2] + self._inner.cost_usd
+
     async def __aiter__(self) -> AsyncIterator[dict[str, Any]]:  # type: ignore[override]
         text: list[str] = []
         try:
@@ -482,9 +519,7 @@ class MemoryStream(OpenStream):
                     text.append((choice.get("delta") or {}).get("content") or "")
                 yield self._account(chunk)
         finally:
-            self.prompt_tokens = self._prior[0] + self._inner.prompt_tokens
-            self.completion_tokens = self._prior[1] + self._inner.completion_tokens
-            self.cost_usd = self._prior[2] + self._inner.cost_usd
+            self._total()
             await self._iterator.aclose()
             self._on_done("".join(text))
 
@@ -498,31 +533,46 @@ async def open_stream(state, ex, worker, api_base) -> OpenStream:
     chat = _with_memory(ex.chat, memory, tools, offer=memory.max_expansions > 0)
     prior = (0, 0, Decimal(0))
     memory.expansions = 0
-    while True:
+    rounds = 0
+    iterator = None
+
+    async def start(chat: ChatCompletionRequest):
+        nonlocal rounds
+        await _covered(ex, state, worker, chat, rounds)  # the round that would cross the budget: refused
+        rounds += 1
         stream = await state.client.open_stream(worker, api_base, chat)
-        iterator = stream.__aiter__()
-        buffered, kind, message, text = await _peek(iterator, tools)
-        if kind == "answer" or (message is not None and not _memory_calls(message)[0]):
-            break  # an answer (or calls without a name: nothing to run) streams on as it is
-        prior = (
-            prior[0] + stream.prompt_tokens,
-            prior[1] + stream.completion_tokens,
-            prior[2] + stream.cost_usd,
-        )
-        if memory.expansions >= memory.max_expansions:
-            chat = _final(chat, ex.chat, tools)
-            stream = await state.client.open_stream(worker, api_base, chat)
-            iterator = stream.__aiter__()
-            buffered, kind, _, text = await _peek(iterator, tools)
-            if kind == "expand" and not tools:  # still asking: show the client only the rest
-                buffered = _scrub(buffered, _DIRECTIVE_LINE.sub("", text).strip())
-            break
-        if message is not None:
-            chat = _expand_tools(chat, memory, message, _memory_calls(message)[0])
-        else:
-            directive = parse_directive(text)
-            assert directive is not None
-            chat = _expand_text(chat, memory, text, directive)
+        return stream, stream.__aiter__()
+
+    try:
+        while True:
+            stream, iterator = await start(chat)
+            buffered, kind, message, text = await _peek(iterator, tools)
+            if kind == "answer" or (message is not None and not _memory_calls(message)[0]):
+                break  # an answer (or calls without a name: nothing to run) streams on as it is
+            prior = (
+                prior[0] + stream.prompt_tokens,
+                prior[1] + stream.completion_tokens,
+                prior[2] + stream.cost_usd,
+            )
+            ex.spent(stream.prompt_tokens, stream.completion_tokens, stream.cost_usd)  # owed from now on
+            if memory.expansions >= memory.max_expansions:
+                chat = _final(chat, ex.chat, tools)
+                stream, iterator = await start(chat)
+                buffered, kind, _, text = await _peek(iterator, tools)
+                if kind == "expand" and not tools:  # still asking: show the client only the rest
+                    buffered = _scrub(buffered, _DIRECTIVE_LINE.sub("", text).strip())
+                break
+            if message is not None:
+                chat = _expand_tools(chat, memory, message, _memory_calls(message)[0])
+            else:
+                directive = parse_directive(text)
+                assert directive is not None
+                chat = _expand_text(chat, memory, text, directive)
+    except BaseException:
+        if iterator is not None:  # a round cut short (deadline, failure): its connection goes now
+            await asyncio.shield(iterator.aclose())
+        raise
+    ex.answered()  # the stream's usage carries the consumed rounds (`prior`)
     ex.headers[MEMORY_HEADER] = memory.header()
     return MemoryStream(stream, iterator, buffered, prior, lambda answer: _remember(state, memory, answer))
 

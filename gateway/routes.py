@@ -9,7 +9,7 @@ from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from starlette.responses import Response
 
-from gateway.body import read_body, read_model
+from gateway.body import is_large, off_loop, read_body, read_model
 from gateway.collections import router as collections_router
 from gateway.completions import chat_completions
 from gateway.errors import APIError, JSONResponse
@@ -29,7 +29,7 @@ def _state(request: Request) -> AppState:
     return request.app.state.polyroute
 
 
-def worker_card(worker: Worker, unavailable: str | None) -> dict:
+def worker_card(worker: Worker, unavailable: str | None, retries: int) -> dict:
     return {
         "id": worker.name,
         "object": "model",
@@ -49,6 +49,10 @@ def worker_card(worker: Worker, unavailable: str | None) -> dict:
             "region": worker.region,
             "context_window": worker.context_window,
             "capabilities": list(worker.capabilities),
+            # How long a client can wait on this worker: per attempt, times 1 + retries (all within
+            # the request deadline, POLYROUTE_REQUEST_TIMEOUT_S).
+            "timeout_s": worker.timeout_s,
+            "retries": retries,
         },
     }
 
@@ -56,7 +60,7 @@ def worker_card(worker: Worker, unavailable: str | None) -> dict:
 @router.get("/v1/models")
 async def list_models(request: Request) -> JSONResponse:
     state = _state(request)
-    state.auth.client(request)
+    await state.auth.client(request)
     admission = state.availability()
     data = [
         {
@@ -80,7 +84,9 @@ async def list_models(request: Request) -> JSONResponse:
         )
     for worker in state.catalog.workers:
         exclusion = admission.exclusion_for(worker.name)
-        data.append(worker_card(worker, exclusion.reason if exclusion else None))
+        data.append(
+            worker_card(worker, exclusion.reason if exclusion else None, state.client.retries_for(worker))
+        )
     return JSONResponse({"object": "list", "data": data})
 
 
@@ -132,25 +138,28 @@ class KeyCreate(BaseModel):
 @router.get("/admin/keys")
 async def admin_list_keys(request: Request) -> JSONResponse:
     state = _state(request)
-    state.auth.admin(request)
-    return JSONResponse({"data": [r.public() for r in state.auth.store.list()]})
+    await state.auth.admin(request)
+    records = await asyncio.to_thread(state.auth.store.list)  # a file or Redis: off the event loop
+    return JSONResponse({"data": [r.public() for r in records]})
 
 
 @router.post("/admin/keys", status_code=201)
 async def admin_create_key(request: Request) -> JSONResponse:
     state = _state(request)
-    state.auth.admin(request)
+    await state.auth.admin(request)
     body = await read_model(request, KeyCreate, 64 * 1024)
-    record, plaintext = state.auth.store.create(body.tenant, body.name, rpm=body.rpm, tpm=body.tpm)
+    record, plaintext = await asyncio.to_thread(
+        lambda: state.auth.store.create(body.tenant, body.name, rpm=body.rpm, tpm=body.tpm)
+    )
     return JSONResponse({**record.public(), "key": plaintext}, status_code=201)
 
 
 @router.delete("/admin/keys/{key_id}")
 async def admin_revoke_key(key_id: str, request: Request) -> JSONResponse:
     state = _state(request)
-    state.auth.admin(request)
+    await state.auth.admin(request)
     try:
-        record = state.auth.store.revoke(key_id)
+        record = await asyncio.to_thread(state.auth.store.revoke, key_id)
     except KeyNotFound:
         raise APIError(
             404, f"no key with id {key_id!r}", type="not_found_error", code="key_not_found"
@@ -162,7 +171,7 @@ async def admin_revoke_key(key_id: str, request: Request) -> JSONResponse:
 async def admin_spend(tenant: str, request: Request) -> JSONResponse:
     """A tenant's spend today and this month (settled plus what in-flight requests hold)."""
     state = _state(request)
-    state.auth.admin(request)
+    await state.auth.admin(request)
     usage = await _usage(state, tenant)
     return JSONResponse(
         {"tenant": tenant, "daily_usd": f"{usage.daily_usd:f}", "monthly_usd": f"{usage.monthly_usd:f}"}
@@ -172,7 +181,7 @@ async def admin_spend(tenant: str, request: Request) -> JSONResponse:
 @router.get("/admin/workers")
 async def admin_workers(request: Request) -> JSONResponse:
     state = _state(request)
-    state.auth.admin(request)
+    await state.auth.admin(request)
     admission = state.availability()
     return JSONResponse(
         {
@@ -193,7 +202,7 @@ YAML_TYPES = ("application/yaml", "application/x-yaml", "text/yaml", "text/plain
 async def admin_get_policy(request: Request) -> Response:
     """The policy YAML in force (as text), its version in x-polyroute-policy-version."""
     state = _state(request)
-    state.auth.admin(request)
+    await state.auth.admin(request)
     text, engine = state.policy.text, state.policy.engine
     if text is None or engine is None:
         raise APIError(404, "no valid policy is loaded", type="not_found_error", code="policy_unavailable")
@@ -206,7 +215,7 @@ async def admin_get_policy(request: Request) -> Response:
 async def admin_put_policy(request: Request) -> JSONResponse:
     """Replace the policy: validated like a file edit; refused whole if invalid; audited."""
     state = _state(request)
-    admin = state.auth.admin(request)
+    admin = await state.auth.admin(request)
     content_type = request.headers.get("content-type", "").split(";")[0].strip()
     if content_type not in YAML_TYPES:
         raise APIError(
@@ -227,16 +236,17 @@ async def admin_put_policy(request: Request) -> JSONResponse:
 @router.get("/admin/policies/status")
 async def admin_policy_status(request: Request) -> JSONResponse:
     state = _state(request)
-    state.auth.admin(request)
+    await state.auth.admin(request)
     return JSONResponse(state.policy.status())
 
 
 @router.get("/admin/policies/audit")
 async def admin_policy_audit(request: Request, limit: int = 100) -> JSONResponse:
     state = _state(request)
-    state.auth.admin(request)
+    await state.auth.admin(request)
     audit = state.policy.audit
-    return JSONResponse({"data": audit.entries(max(1, min(limit, 1000))) if audit else []})
+    entries = await asyncio.to_thread(audit.entries, max(1, min(limit, 1000))) if audit else []  # a file
+    return JSONResponse({"data": entries})
 
 
 class ExplainRequest(BaseModel):
@@ -254,7 +264,7 @@ class ExplainRequest(BaseModel):
 async def admin_policy_explain(request: Request) -> JSONResponse:
     """Dry run: the data class, the rules in scope, the pool and each excluded worker with its rule."""
     state = _state(request)
-    state.auth.admin(request)
+    await state.auth.admin(request)
     body = await read_model(request, ExplainRequest, state.settings.max_body_bytes)
     engine = state.policy.engine
     if engine is None:
@@ -276,7 +286,10 @@ async def admin_policy_explain(request: Request) -> JSONResponse:
         spend=await _usage(state, body.tenant),
     )
     try:
-        admission = engine.evaluate(policy_request, state.catalog, state.down_workers())
+        if is_large(request):  # detection over megabytes: off the event loop
+            admission = await off_loop(engine.evaluate, policy_request, state.catalog, state.down_workers())
+        else:
+            admission = engine.evaluate(policy_request, state.catalog, state.down_workers())
     except PolicyRequestError as exc:
         raise APIError(400, str(exc), param="data_class", code="invalid_data_class") from None
     return JSONResponse({"tenant": body.tenant, "model": body.model, **admission.explain()})
@@ -325,7 +338,7 @@ class Feedback(BaseModel):
 async def feedback(request: Request) -> JSONResponse:
     """How good an answer was: stored in the ledger, joined to its request when the router retrains."""
     state = _state(request)
-    key = state.auth.client(request)
+    key = await state.auth.client(request)
     body = await read_model(request, Feedback, 64 * 1024)
     try:
         found = await asyncio.to_thread(state.ledger.lookup, body.request_id)
@@ -350,6 +363,6 @@ async def feedback(request: Request) -> JSONResponse:
 async def admin_router(request: Request) -> JSONResponse:
     """The router in force, the model versions on disk, and the last load error if any."""
     state = _state(request)
-    state.auth.admin(request)
+    await state.auth.admin(request)
     versions = await asyncio.to_thread(list_versions, state.router.root)
     return JSONResponse({**state.router.status(), "versions": versions})

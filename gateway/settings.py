@@ -24,7 +24,42 @@ class Settings(BaseModel):
     admin_key: str | None = Field(None, description="None: generated on first start, see data_dir")
     max_body_bytes: int = Field(4 * 1024 * 1024, gt=0)
     local_workers: bool = Field(True, description="start managed local (llama.cpp) workers")
-    retries: int = Field(2, ge=0, le=10, description="retries per worker on 429/5xx/timeouts")
+    retries: int = Field(
+        2,
+        ge=0,
+        le=10,
+        description="retries per worker on 429/5xx/timeouts (a catalog entry's `retries` wins)",
+    )
+    # Resource bounds (docs/production.md). The deadline covers every worker call of a request:
+    # attempts, retries, fallbacks, memory rounds and the whole stream.
+    request_timeout_s: float = Field(
+        300.0, gt=0, le=86_400, description="total per-request deadline for calling workers, streams included"
+    )
+    body_timeout_s: float = Field(
+        30.0, gt=0, le=3600, description="a request body must arrive within this, else 408"
+    )
+    header_timeout_s: float = Field(
+        10.0, gt=0, le=3600, description="`polyroute serve`: request headers must arrive within this"
+    )
+    keep_alive_timeout_s: float = Field(
+        5.0,
+        gt=0,
+        le=3600,
+        description="`polyroute serve`: an idle keep-alive connection is closed after this",
+    )
+    max_header_bytes: int = Field(
+        16 * 1024, ge=1024, le=1024 * 1024, description="`polyroute serve`: request line + headers"
+    )
+    limit_concurrency: int | None = Field(
+        None, ge=1, description="`polyroute serve`: connections + requests before 503 (None: unlimited)"
+    )
+    graceful_shutdown_s: float = Field(
+        20.0,
+        ge=0,
+        le=3600,
+        description="`polyroute serve`: how long in-flight requests get at shutdown (keep it under the "
+        "orchestrator's grace period: the books are flushed after it)",
+    )
     retry_backoff_s: float = Field(0.25, ge=0)
     fast_path: bool = Field(
         True,

@@ -186,6 +186,7 @@ class OpenStream:
     messages: list[dict[str, Any]] | None = None  # to count the prompt if the provider reports no usage
     _texts: list[str] = field(default_factory=list)
     _usage_seen: bool = False
+    _estimated: bool = False  # the usage was counted here, not reported by the provider
 
     async def __aiter__(self) -> AsyncIterator[dict[str, Any]]:
         raw = self.first
@@ -233,6 +234,18 @@ class OpenStream:
             except Exception:  # closing a broken stream: nothing more to learn from it
                 log.debug("closing the stream of %s failed", self.worker.name, exc_info=True)
 
+    def account_cut(self) -> bool:
+        """A stream that ended early (client gone, deadline, worker failure): bill what was streamed.
+
+        Returns True when the count is an estimate: the provider's usage never arrived, so the prompt
+        and the text streamed so far are counted here (litellm's token counter, or 4 characters a token).
+        """
+        if self._usage_seen:
+            return False
+        if not self._estimated:
+            self._count_usage()
+        return True
+
     def _count_usage(self) -> dict[str, int] | None:
         text = "".join(self._texts)
         if not text and not self.messages:
@@ -246,6 +259,7 @@ class OpenStream:
             prompt = sum(len(str(m.get("content") or "")) for m in self.messages or ()) // 4
             completion = max(1, len(text) // 4) if text else 0
         self.prompt_tokens, self.completion_tokens = prompt, completion
+        self._estimated = True
         self._settle()
         return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
@@ -327,9 +341,13 @@ class WorkerClient:
             kwargs["api_key"] = key
         return kwargs
 
-    def _retrying(self) -> AsyncRetrying:
+    def retries_for(self, worker: Worker) -> int:
+        """The catalog entry's own `retries`, else the gateway's default."""
+        return self.retries if worker.retries is None else worker.retries
+
+    def _retrying(self, worker: Worker) -> AsyncRetrying:
         return AsyncRetrying(
-            stop=stop_after_attempt(self.retries + 1),
+            stop=stop_after_attempt(self.retries_for(worker) + 1),
             wait=wait_exponential_jitter(initial=self.backoff_s, max=4.0, jitter=self.backoff_s),
             retry=retry_if_exception(_is_retryable),
             reraise=True,
@@ -338,7 +356,7 @@ class WorkerClient:
     async def _with_retries(self, worker: Worker, attempt_fn):
         """Run one call with retries on transient failures; the final failure becomes a WorkerError."""
         try:
-            async for attempt in self._retrying():
+            async for attempt in self._retrying(worker):
                 with attempt:
                     try:
                         result = await attempt_fn()

@@ -79,7 +79,16 @@ class Worker(BaseModel):
     context_window: int = Field(gt=0)
     max_output_tokens: int | None = Field(None, gt=0)
     capabilities: tuple[str, ...] = ()
-    timeout_s: float = Field(60.0, gt=0)
+    timeout_s: float = Field(
+        60.0, gt=0, description="per attempt: connect, and the wait for each read of the answer"
+    )
+    retries: int | None = Field(
+        None,
+        ge=0,
+        le=10,
+        description="retries on 429/5xx/timeouts for this worker; None: the gateway's POLYROUTE_RETRIES. "
+        "The request's deadline (POLYROUTE_REQUEST_TIMEOUT_S) bounds timeout_s x (retries + 1)",
+    )
     local: LocalServer | None = None
     profile_like: str | None = Field(
         None,

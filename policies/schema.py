@@ -118,7 +118,11 @@ class Tenant(Strict):
     rate_limit: RateLimit = RateLimit()
     cache: CacheSettings = CacheSettings()
     cost_weight: float | None = Field(
-        None, ge=0, description="this tenant's default λ for the learned router (quality − λ·cost)"
+        None,
+        ge=0,
+        le=100,
+        allow_inf_nan=False,
+        description="this tenant's default λ for the learned router (quality − λ·cost), 0 to 100 as per request",
     )
 
 

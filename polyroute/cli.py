@@ -124,14 +124,10 @@ def serve(
         f"[bold green]polyroute[/] on http://{settings.host}:{settings.port}/v1 "
         f"(data dir {Path(settings.data_dir).resolve()})"
     )
-    uvicorn.run(
-        application,
-        host=settings.host,
-        port=settings.port,
-        log_level=log_level.lower(),
-        access_log=False,
-        log_config=None,
-    )
+    from gateway.serving import uvicorn_options
+
+    # connection limits and timeouts from the settings (POLYROUTE_*): see docs/production.md
+    uvicorn.run(application, log_level=log_level.lower(), log_config=None, **uvicorn_options(settings))
 
 
 @keys_app.command("create")

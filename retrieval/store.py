@@ -36,7 +36,8 @@ from retrieval.embed import Embedder, shared_embedder
 from retrieval.sparse import BM25Index
 from retrieval.text import chunk_text, content_hash, normalize, summarize, title_from, tokenize
 
-COLLECTION_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
+# fullmatch, not match: with match, `$` also accepts a trailing newline ("docs\n")
+COLLECTION_NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,63}")
 SESSION_PREFIX = "_s-"  # session collections: a prefix no client-chosen name can have
 MODES = ("bm25_dense", "rrf", "bm25", "dense")
 RRF_K = 60
@@ -52,9 +53,10 @@ class InvalidName(ValueError):
 
 
 def check_name(name: str, internal: bool = False) -> str:
-    if internal and name.startswith(SESSION_PREFIX) and COLLECTION_NAME.match(name[len(SESSION_PREFIX) :]):
+    session = internal and name.startswith(SESSION_PREFIX)
+    if session and COLLECTION_NAME.fullmatch(name[len(SESSION_PREFIX) :]):
         return name
-    if not COLLECTION_NAME.match(name):
+    if not COLLECTION_NAME.fullmatch(name):
         raise InvalidName(
             f"invalid collection name {name!r}: 1-64 characters of a-z, 0-9, '_' and '-', "
             "starting with a letter or digit"

@@ -110,3 +110,35 @@ def test_gateway_answers_503_when_redis_is_down(upstream, tmp_path):
         assert ready.status_code == 503 and ready.json()["keys"]["ok"] is False
     finally:
         gw.server.stop()
+
+
+def test_verifying_a_key_does_not_block_the_event_loop(upstream, tmp_path):
+    """A key this replica has not seen is checked in Redis off the event loop: while Redis is hung
+    (SIGSTOP: it accepts the request and does not answer), the gateway keeps serving, and the check
+    completes when Redis answers (SIGCONT)."""
+    import concurrent.futures
+    import os
+    import signal
+
+    server = RedisServer()
+    gw = start_gateway(parse_catalog(catalog_yaml_for(upstream.url)), tmp_path / "data", redis_url=server.url)
+    body = {"model": "auto", "messages": [{"role": "user", "content": "hi"}]}
+    pool = concurrent.futures.ThreadPoolExecutor(1)
+    try:
+        _, key = gw.state.auth.store.create("fresh")  # never verified by this gateway yet
+        os.kill(server.proc.pid, signal.SIGSTOP)
+        try:
+            pending = pool.submit(
+                httpx.post, gw.v1 + "/chat/completions", headers=gw.auth(key), json=body, timeout=60
+            )
+            time.sleep(0.3)  # lets the request reach its key check (the test holds either way)
+            assert httpx.get(gw.url + "/healthz", timeout=30).status_code == 200  # the loop is free
+            assert not pending.done()  # while the key check still waits for Redis
+        finally:
+            os.kill(server.proc.pid, signal.SIGCONT)
+        answer = pending.result(timeout=60)
+        assert answer.status_code == 200, answer.text
+    finally:
+        pool.shutdown()
+        gw.server.stop()
+        server.stop()

@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from decimal import Decimal
 
 import httpx
 import orjson
 import pytest
+import yaml
 
+from gateway.store import to_micros
 from policies import parse_catalog
 from tests.conftest import FAKE_KEY_ENV, Gateway, start_gateway
 from tests.fakes.server import serve_in_thread
@@ -87,10 +90,9 @@ def scripted():
     running.stop()
 
 
-@pytest.fixture(scope="module")
-def mgw(scripted, tmp_path_factory) -> Gateway:
+def _memory_catalog(scripted):
     common = f"api_base: {scripted.url}/v1\n    api_key_env: {FAKE_KEY_ENV}\n    context_window: 8192"
-    catalog = parse_catalog(
+    return parse_catalog(
         f"""
 version: 1
 workers:
@@ -117,8 +119,12 @@ workers:
 """,
         "memory test catalog",
     )
+
+
+@pytest.fixture(scope="module")
+def mgw(scripted, tmp_path_factory) -> Gateway:
     gw = start_gateway(
-        catalog,
+        _memory_catalog(scripted),
         tmp_path_factory.mktemp("mgw"),
         retrieval_embedder="minilm-static",
         memory_max_expansions=MAX_EXPANSIONS,
@@ -396,3 +402,144 @@ def test_composed_workflows_share_the_memory(mgw, scripted):
     assert (
         "Memory retrieved" not in str(judged["messages"]) and "27 days." in judged["messages"][-1]["content"]
     )
+
+
+# ---- the loop and the tenant's budget (issue 12, item 4) ------------------------------------------------
+LOOP_BUDGET = Decimal("0.003")
+ROUND_TOKENS = 500  # each round reports 1 prompt token and max_tokens completion tokens: $0.001001
+
+
+@pytest.fixture(scope="module")
+def budgeted(scripted, tmp_path_factory) -> Gateway:
+    """A gateway whose tenants have budgets, each with the handbook collection."""
+    data_dir = tmp_path_factory.mktemp("budgeted")
+    policy_file = data_dir / "policy.yaml"
+    tenants = {t: {"budget": {"daily_usd": str(LOOP_BUDGET)}} for t in ("acme", "streams")}
+    tenants["roomy"] = tenants["cutter"] = {"budget": {"daily_usd": "1"}}
+    policy_file.write_text(yaml.safe_dump({"version": "memory-budget", "tenants": tenants}))
+    gw = start_gateway(
+        _memory_catalog(scripted),
+        data_dir / "data",
+        policy_file=policy_file,
+        retrieval_embedder="minilm-static",
+        memory_max_expansions=MAX_EXPANSIONS,
+        memory_index_size=3,
+        memory_snippets=1,
+    )
+    keys = {"acme": gw.api_key}
+    for tenant in ("streams", "roomy", "cutter"):
+        keys[tenant] = gw.state.auth.store.create(tenant, "budgeted memory")[1]
+    gw.keys = keys  # type: ignore[attr-defined]
+    with httpx.Client(base_url=gw.url, timeout=60) as http:
+        for key in keys.values():
+            r = http.post(
+                "/v1/collections/handbook/documents", headers=gw.auth(key), json={"documents": HANDBOOK}
+            )
+            assert r.status_code == 200, r.text
+    yield gw
+    gw.server.stop()
+
+
+def _spent(gw: Gateway, tenant: str) -> Decimal:
+    books = httpx.get(f"{gw.url}/admin/spend/{tenant}", headers=gw.auth(gw.admin_key), timeout=30).json()
+    return Decimal(books["daily_usd"])
+
+
+def _ledger(gw: Gateway, request_id: str) -> dict:
+    deadline = time.monotonic() + 30
+    while True:
+        for record in gw.state.ledger.records():
+            if record.get("id") == request_id:
+                return record
+        assert time.monotonic() < deadline, f"no ledger record for {request_id}"
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("tenant, stream", [("acme", False), ("streams", True)])
+def test_memory_loop_never_spends_past_the_budget(budgeted, scripted, tenant, stream):
+    """Every round costs less than its prediction (max_tokens bounds the answer), so by the README's
+    bound the budget may not be passed at all: the round that would cross it is refused."""
+    scripted.behave("tooly-model", tool_call=EXPAND_M1, prompt_tokens=1, completion_tokens=ROUND_TOKENS)
+    body = {
+        "model": "tooly",
+        "messages": [{"role": "user", "content": "vacation days?"}],
+        "metadata": {"collections": ["handbook"]},
+        "max_tokens": ROUND_TOKENS,
+        "stream": stream,
+    }
+    r = httpx.post(
+        f"{budgeted.v1}/chat/completions", headers=budgeted.auth(budgeted.keys[tenant]), json=body, timeout=60
+    )
+    spent = _spent(budgeted, tenant)
+    assert spent <= LOOP_BUDGET, f"spent {spent} against a budget of {LOOP_BUDGET}"
+    assert r.status_code == 403, r.text
+    error = r.json()["error"]
+    assert error["code"] == "budget_exceeded" and "memory" in error["message"]
+    calls = scripted.requests_for("tooly-model")
+    assert 1 <= len(calls) < MAX_EXPANSIONS + 2  # stopped before the loop's bound
+    # the rounds that did run are billed, in the ledger and on the budget (no hold left behind)
+    record = _ledger(budgeted, r.headers["x-polyroute-request-id"])
+    assert record["status"] == 403 and record["cost_micros"] == to_micros(Decimal("0.001001")) * len(calls)
+    assert spent == Decimal(record["cost_micros"]) / 1_000_000
+
+
+def test_memory_loop_within_the_budget_settles_every_round(budgeted, scripted):
+    scripted.behave("tooly-model", tool_call=EXPAND_M1, prompt_tokens=1, completion_tokens=ROUND_TOKENS)
+    body = {
+        "model": "tooly",
+        "messages": [{"role": "user", "content": "vacation days?"}],
+        "metadata": {"collections": ["handbook"]},
+        "max_tokens": ROUND_TOKENS,
+    }
+    r = httpx.post(
+        f"{budgeted.v1}/chat/completions",
+        headers=budgeted.auth(budgeted.keys["roomy"]),
+        json=body,
+        timeout=60,
+    )
+    assert r.status_code == 200, r.text
+    assert len(scripted.requests_for("tooly-model")) == MAX_EXPANSIONS + 2
+    cost = Decimal(r.headers["x-polyroute-cost-usd"])
+    assert cost == Decimal("0.001001") * (MAX_EXPANSIONS + 2)
+    assert _spent(budgeted, "roomy") == cost  # every hold settled or released, none left over
+
+
+def test_stream_cut_after_an_expansion_bills_every_round(budgeted, scripted):
+    """A client that hangs up during the answer pays for the consumed expansion round and the part
+    of the answer it was sent (estimated: the answer's usage never arrived)."""
+    answer = " ".join(f"w{i}" for i in range(200))
+    scripted.scripts["tooly-model"] = lambda body: (
+        Behaviour(text=answer, chunk_delay_s=0.05)
+        if _tool_results(body)
+        else Behaviour(tool_call=EXPAND_M1, prompt_tokens=1, completion_tokens=ROUND_TOKENS)
+    )
+    body = {
+        "model": "tooly",
+        "messages": [{"role": "user", "content": "vacation days?"}],
+        "metadata": {"collections": ["handbook"]},
+        "stream": True,
+    }
+    received = 0
+    with httpx.Client(timeout=60) as client:
+        with client.stream(
+            "POST",
+            f"{budgeted.v1}/chat/completions",
+            headers=budgeted.auth(budgeted.keys["cutter"]),
+            json=body,
+        ) as r:
+            assert r.status_code == 200
+            request_id = r.headers["x-polyroute-request-id"]
+            for line in r.iter_lines():
+                if '"content":"w' in line:
+                    received += 1
+                    if received == 5:
+                        break  # hang up mid-answer
+    record = _ledger(budgeted, request_id)
+    assert record["status"] == 499
+    assert record["trace"] == {"stream": "client_disconnected", "usage": "estimated"}
+    assert ROUND_TOKENS + received <= record["completion_tokens"] < ROUND_TOKENS + 200
+    assert record["cost_micros"] > to_micros(Decimal("0.001001"))  # the expansion round, and more
+    deadline = time.monotonic() + 30
+    while _spent(budgeted, "cutter") != Decimal(record["cost_micros"]) / 1_000_000:
+        assert time.monotonic() < deadline, "the hold was not settled with what was streamed"
+        time.sleep(0.05)

@@ -257,6 +257,9 @@ def test_budget_excludes_what_would_overspend_but_keeps_free_workers():
         ("version: 1\ndetection: {kinds: {passport: pii}}", "no such detector"),
         ("version: 1\ndetection: {custom: {emp: 'EMP-1'}}", "map it to a data class"),
         ("version: 1\ndetection: {kinds: {emp: pii}, custom: {emp: 'EMP-('}}", "invalid regex"),
+        ("version: 1\ntenants: {a: {cost_weight: .inf}}", "tenants.a.cost_weight"),
+        ("version: 1\ntenants: {a: {cost_weight: .nan}}", "tenants.a.cost_weight"),
+        ("version: 1\ntenants: {a: {cost_weight: 1e6}}", "tenants.a.cost_weight"),
     ],
 )
 def test_invalid_policies_are_refused_with_the_reason(text, fragment):

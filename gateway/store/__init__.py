@@ -7,6 +7,11 @@
 | rate limits | GCRA in a dict          | GCRA in one Lua script         | fail open (logged, counted)  |
 | cache       | LRU with TTL            | SET EX under the tenant's prefix | fail open (miss)           |
 | ledger      | ledger.jsonl            | stream, buffered writes        | buffered (bounded), spilled to disk at shutdown |
+
+"Down" is decided by the breaker (gateway/store/health.py): connection failures and timeouts,
+BREAKER_THRESHOLD in a row or one failed health probe, not one slow reply (REDIS_TIMEOUT_S is
+generous for a loaded machine). A reply error (Redis answered that our script or data is wrong)
+is not "down": it fails only the request that hit it (500 `store_error`) and is logged once per kind.
 """
 
 from __future__ import annotations
@@ -25,7 +30,16 @@ from gateway.store.budgets import (
     to_micros,
 )
 from gateway.store.cache import MemoryCache, RedisCache, ResponseCache, cache_key
-from gateway.store.health import Breaker, StoreUnavailable
+from gateway.store.health import (
+    BREAKER_COOLDOWN_S,
+    BREAKER_THRESHOLD,
+    REDIS_TIMEOUT_S,
+    Breaker,
+    StoreReplyError,
+    StoreUnavailable,
+    is_unavailable,
+    sync_client,
+)
 from gateway.store.ledger_redis import RedisLedger
 from gateway.store.ratelimit import Limit, Limiter, MemoryLimiter, RedisLimiter, Verdict
 
@@ -38,6 +52,7 @@ __all__ = [
     "Limits",
     "Reservation",
     "ResponseCache",
+    "StoreReplyError",
     "StoreUnavailable",
     "Stores",
     "Verdict",
@@ -67,7 +82,8 @@ class Stores:
         try:
             ok = bool(await self.redis.ping())
         except Exception as exc:
-            self.breaker.failure(exc)
+            if is_unavailable(exc):
+                self.breaker.probe_failed(exc)  # a failed health probe: Redis is down, fail fast now
             return False
         self.breaker.success()
         return ok
@@ -96,20 +112,21 @@ def open_stores(data_dir: Path, redis_url: str | None, ledger_buffer_max: int = 
             cache=MemoryCache(),
             ledger=Ledger(data_dir / "ledger.jsonl"),
         )
-    import redis
     import redis.asyncio
 
-    breaker = Breaker("Redis")
-    timeouts = {"socket_timeout": 0.5, "socket_connect_timeout": 0.5}
+    breaker = Breaker("Redis", cooldown_s=BREAKER_COOLDOWN_S, threshold=BREAKER_THRESHOLD)
+    timeouts = {"socket_timeout": REDIS_TIMEOUT_S, "socket_connect_timeout": REDIS_TIMEOUT_S}
     # A blocking pool: a burst of requests waits for a free connection instead of failing.
-    pool = redis.asyncio.BlockingConnectionPool.from_url(redis_url, max_connections=64, timeout=2, **timeouts)
+    pool = redis.asyncio.BlockingConnectionPool.from_url(
+        redis_url, max_connections=64, timeout=REDIS_TIMEOUT_S, **timeouts
+    )
     client = redis.asyncio.Redis(connection_pool=pool)
-    sync_client = redis.Redis.from_url(redis_url, **timeouts)
+    blocking = sync_client(redis_url)
     return Stores(
         budgets=RedisBudgets(client, breaker),
         limiter=RedisLimiter(client, breaker),
         cache=RedisCache(client, breaker),
-        ledger=RedisLedger(sync_client, breaker, data_dir / "ledger-unsent.jsonl", ledger_buffer_max),
+        ledger=RedisLedger(blocking, breaker, data_dir / "ledger-unsent.jsonl", ledger_buffer_max),
         breaker=breaker,
         redis=client,
     )

@@ -30,7 +30,7 @@ from decimal import ROUND_CEILING, Decimal
 from pathlib import Path
 from typing import Protocol
 
-from gateway.store.health import Breaker, StoreUnavailable, guarded
+from gateway.store.health import REPLY_ERRORS, Breaker, StoreReplyError, StoreUnavailable, guarded
 from policies import Spend
 
 log = logging.getLogger("polyroute.budgets")
@@ -205,67 +205,133 @@ class MemoryBudgets:
         return {"backend": "memory", "ok": True}
 
 
+# Shared by both scripts. Amounts are whole micro-dollars, but Lua numbers are doubles and Redis
+# formats a number argument as a float: negating a zero gives "-0", which HINCRBY refuses ("value is
+# not an integer"). So no amount is ever negated or sent as a Lua number: `add` skips zero and
+# formats the rest as integers. `checked` reads and validates everything a script will write
+# *before* it writes anything: a Lua script that fails half-way keeps the writes it made (Redis
+# has no rollback), so every failure must happen before the first write.
+LUA_HELPERS = """
+local function add(h, field, amount)
+  if amount ~= 0 then redis.call('HINCRBY', h, field, string.format('%d', amount)) end
+end
+local function amount(raw)
+  if raw == false or raw == nil then return 0 end
+  local x = tonumber(raw)
+  if x == nil or x ~= math.floor(x) then
+    return redis.error_reply('polyroute budget: not a whole number of micros: ' .. tostring(raw))
+  end
+  return x
+end
+local function checked(h, z)
+  local th, tz = redis.call('TYPE', h).ok, redis.call('TYPE', z).ok
+  if (th ~= 'hash' and th ~= 'none') or (tz ~= 'zset' and tz ~= 'none') then
+    return redis.error_reply('polyroute budget: wrong key type at ' .. h .. ' (' .. th .. ', ' .. tz .. ')')
+  end
+  local vals = redis.call('HMGET', h, 'settled', 'reserved')
+  for _, raw in ipairs(vals) do
+    local x = amount(raw)
+    if type(x) == 'table' then return x end
+  end
+  return nil
+end
+"""
+
 # KEYS: hash per period (fields: settled, reserved, r:<id>), then a zset of hold deadlines per period.
-# ARGV: id, micros, then per period: limit (-1: none), ttl_s. Times come from Redis (TIME), so
-# replicas with skewed clocks agree on when a hold expires.
-RESERVE_LUA = """
+# ARGV: id, micros, hold_ms, then per period: limit (-1: none), ttl_s. Times come from Redis (TIME),
+# so replicas with skewed clocks agree on when a hold expires. Expired holds (a crashed replica's)
+# are reaped first, at most REAP_BATCH per period per call so a backlog cannot make one call slow;
+# a hold whose amount is gone or zero is simply dropped.
+REAP_BATCH = 100
+RESERVE_LUA = (
+    LUA_HELPERS
+    + """
 local n = #KEYS / 2
 local id, micros, hold_ms = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+if micros == nil or micros < 0 or micros ~= math.floor(micros) then
+  return redis.error_reply('polyroute budget: bad reservation amount ' .. tostring(ARGV[2]))
+end
+for i = 1, n do
+  local bad = checked(KEYS[i], KEYS[n + i])
+  if bad then return bad end
+end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 for i = 1, n do
   local h, z = KEYS[i], KEYS[n + i]
-  for _, rid in ipairs(redis.call('ZRANGEBYSCORE', z, '-inf', now)) do
-    local amt = tonumber(redis.call('HGET', h, 'r:' .. rid) or '0')
+  for _, rid in ipairs(redis.call('ZRANGEBYSCORE', z, '-inf', now, 'LIMIT', 0, """
+    + str(REAP_BATCH)
+    + """)) do
+    local amt = amount(redis.call('HGET', h, 'r:' .. rid))
+    if type(amt) == 'table' then amt = 0 end  -- unreadable: drop the hold, never block the tenant
     redis.call('HDEL', h, 'r:' .. rid)
-    redis.call('HINCRBY', h, 'reserved', -amt)
+    add(h, 'reserved', -amt)
     redis.call('ZREM', z, rid)
   end
 end
 for i = 1, n do
   local limit = tonumber(ARGV[2 + 2 * i])
   if limit >= 0 then
-    local used = tonumber(redis.call('HGET', KEYS[i], 'settled') or '0')
-      + tonumber(redis.call('HGET', KEYS[i], 'reserved') or '0')
+    local used = amount(redis.call('HGET', KEYS[i], 'settled')) + amount(redis.call('HGET', KEYS[i], 'reserved'))
     if used + micros > limit then return {0, i, limit - used} end
   end
 end
 for i = 1, n do
   local ttl = tonumber(ARGV[3 + 2 * i])
-  redis.call('HSET', KEYS[i], 'r:' .. id, micros)
-  redis.call('HINCRBY', KEYS[i], 'reserved', micros)
+  redis.call('HSET', KEYS[i], 'r:' .. id, string.format('%d', micros))
+  add(KEYS[i], 'reserved', micros)
   redis.call('ZADD', KEYS[n + i], now + hold_ms, id)
   redis.call('EXPIRE', KEYS[i], ttl)
   redis.call('EXPIRE', KEYS[n + i], ttl)
 end
 return {1, 0, 0}
 """
+)
 
 # KEYS: hashes per period, zsets per period, the done-marker. ARGV: id, actual micros, ttl per period.
-SETTLE_LUA = """
+# Idempotent (the done-marker), and the marker is written *last*: a settle that fails leaves no
+# marker, so its retry still removes the hold; a hold can never outlive a settle that succeeded.
+SETTLE_LUA = (
+    LUA_HELPERS
+    + """
 local n = (#KEYS - 1) / 2
-if not redis.call('SET', KEYS[#KEYS], '1', 'NX', 'EX', 172800) then return 0 end
+local done = KEYS[#KEYS]
+if redis.call('EXISTS', done) == 1 then return 0 end
 local id, actual = ARGV[1], tonumber(ARGV[2])
+if actual == nil or actual < 0 or actual ~= math.floor(actual) then
+  return redis.error_reply('polyroute budget: bad settle amount ' .. tostring(ARGV[2]))
+end
+local held = {}
+for i = 1, n do
+  local bad = checked(KEYS[i], KEYS[n + i])
+  if bad then return bad end
+  held[i] = amount(redis.call('HGET', KEYS[i], 'r:' .. id))
+  if type(held[i]) == 'table' then return held[i] end
+end
 for i = 1, n do
   local h, z = KEYS[i], KEYS[n + i]
-  local amt = redis.call('HGET', h, 'r:' .. id)
-  if amt then
-    redis.call('HDEL', h, 'r:' .. id)
-    redis.call('HINCRBY', h, 'reserved', -tonumber(amt))
-    redis.call('ZREM', z, id)
-  end
-  if actual > 0 then redis.call('HINCRBY', h, 'settled', actual) end
+  redis.call('HDEL', h, 'r:' .. id)
+  add(h, 'reserved', -held[i])
+  redis.call('ZREM', z, id)
+  add(h, 'settled', actual)
   redis.call('EXPIRE', h, tonumber(ARGV[2 + i]))
 end
+redis.call('SET', done, '1', 'EX', 172800)
 return 1
 """
+)
 
 TTLS = (DAY_TTL_S, MONTH_TTL_S)
 
 
 class RedisBudgets:
     """Budgets shared by replicas. Reserve fails closed (StoreUnavailable) when Redis is down;
-    settles, releases and plain spend records that fail are kept (bounded) and retried by flush()."""
+    settles, releases and plain spend records that fail are kept (bounded) and retried by flush().
+
+    A reply error (StoreReplyError: our script or data is wrong) fails the reserve or usage read
+    that hit it, so that request gets a 500; a settle or spend record that hits one is not retried
+    (it would fail the same way): it is logged once per kind, and the hold expires and is reaped.
+    """
 
     PREFIX = "polyroute:budget:"
 
@@ -279,13 +345,14 @@ class RedisBudgets:
         self._unsent: dict[tuple[str, str], int] = {}  # (tenant, period) -> micros not yet added
         self.pending_max = pending_max
         self.dropped = 0
+        self.failed_settles = 0  # reply errors on settle: not retried, counted
 
     def _keys(self, tenant: str, period_names: tuple[str, ...]) -> tuple[list[str], list[str]]:
         base = f"{self.PREFIX}{{{tenant}}}:"  # hash tag: one tenant's keys share a cluster slot
         return [base + p for p in period_names], [base + p + ":holds" for p in period_names]
 
-    async def _call(self, call):
-        return await guarded(self.breaker, call)
+    async def _call(self, call, what: str):
+        return await guarded(self.breaker, call, what)
 
     async def usage(self, tenant: str) -> Spend:
         hashes, _ = self._keys(tenant, periods())
@@ -296,7 +363,7 @@ class RedisBudgets:
                 pipe.hmget(h, "settled", "reserved")
             return await pipe.execute()
 
-        rows = await self._call(read)
+        rows = await self._call(read, "budgets.usage")
         used = [sum(int(v or 0) for v in row) for row in rows]
         return _spend(used[0], used[1])
 
@@ -306,7 +373,9 @@ class RedisBudgets:
         args: list[object] = [reservation.id, micros, int(self.hold_s * 1000)]
         for limit, ttl in zip(limits.by_period(), TTLS, strict=True):
             args += [-1 if limit is None else limit, ttl]
-        ok, index, left = await self._call(lambda: self._reserve(keys=[*hashes, *zsets], args=args))
+        ok, index, left = await self._call(
+            lambda: self._reserve(keys=[*hashes, *zsets], args=args), "budgets.reserve (RESERVE_LUA)"
+        )
         if not ok:
             raise BudgetExceeded(("daily", "monthly")[int(index) - 1], int(left), micros)
         return reservation
@@ -315,7 +384,8 @@ class RedisBudgets:
         hashes, zsets = self._keys(reservation.tenant, reservation.periods)
         done = f"{self.PREFIX}{{{reservation.tenant}}}:done:{reservation.id}"
         await self._call(
-            lambda: self._settle(keys=[*hashes, *zsets, done], args=[reservation.id, actual_micros, *TTLS])
+            lambda: self._settle(keys=[*hashes, *zsets, done], args=[reservation.id, actual_micros, *TTLS]),
+            "budgets.settle (SETTLE_LUA)",
         )
 
     async def settle(self, reservation: Reservation, actual_micros: int) -> None:
@@ -323,6 +393,8 @@ class RedisBudgets:
             await self._send_settle(reservation, actual_micros)
         except StoreUnavailable:
             self._keep((reservation, actual_micros))
+        except StoreReplyError:
+            self.failed_settles += 1  # logged by the guard; the request was served, keep it so
 
     async def release(self, reservation: Reservation) -> None:
         await self.settle(reservation, 0)
@@ -352,20 +424,27 @@ class RedisBudgets:
                     key = self._keys(tenant, (period,))[0][0]
                     pipe.hincrby(key, "settled", micros)
                     pipe.expire(key, DAY_TTL_S if period.startswith("d:") else MONTH_TTL_S)
-                await pipe.execute()
+                # Each command's own error comes back in its place: the others have landed and must
+                # not be sent twice.
+                return await pipe.execute(raise_on_error=False)
 
             try:
-                await self._call(send)
+                results = await self._call(send, "budgets.flush (spend records)")
             except StoreUnavailable:
                 for key, micros in batch.items():
                     self._unsent[key] = self._unsent.get(key, 0) + micros
                 return
+            for result in results:
+                if isinstance(result, Exception):
+                    REPLY_ERRORS.report("budgets.flush (spend records)", result)
         while self._pending:
             reservation, actual = self._pending[0]
             try:
                 await self._send_settle(reservation, actual)
             except StoreUnavailable:
                 return
+            except StoreReplyError:
+                self.failed_settles += 1
             self._pending.popleft()
 
     def status(self) -> dict:
@@ -374,4 +453,6 @@ class RedisBudgets:
             **self.breaker.status(),
             "pending_settles": len(self._pending),
             "dropped_settles": self.dropped,
+            "failed_settles": self.failed_settles,
+            "reply_errors": REPLY_ERRORS.count,
         }

@@ -19,7 +19,7 @@ from typing import Protocol
 
 import orjson
 
-from gateway.store.health import Breaker, StoreUnavailable, guarded
+from gateway.store.health import Breaker, StoreReplyError, StoreUnavailable, guarded
 
 IGNORED_FIELDS = frozenset({"stream", "stream_options", "user"})
 MAX_ENTRY_BYTES = 1_000_000
@@ -81,16 +81,18 @@ class RedisCache:
 
     async def get(self, tenant: str, key: str) -> bytes | None:
         try:
-            return await guarded(self.breaker, lambda: self._redis.get(self._key(tenant, key)))
-        except StoreUnavailable:
+            return await guarded(self.breaker, lambda: self._redis.get(self._key(tenant, key)), "cache.get")
+        except (StoreUnavailable, StoreReplyError):
             return None  # fail open: a miss
 
     async def put(self, tenant: str, key: str, value: bytes, ttl_s: int) -> None:
         if len(value) > MAX_ENTRY_BYTES:
             return
         try:
-            await guarded(self.breaker, lambda: self._redis.set(self._key(tenant, key), value, ex=ttl_s))
-        except StoreUnavailable:
+            await guarded(
+                self.breaker, lambda: self._redis.set(self._key(tenant, key), value, ex=ttl_s), "cache.put"
+            )
+        except (StoreUnavailable, StoreReplyError):
             return  # fail open: not cached
 
     def status(self) -> dict:

@@ -19,7 +19,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from gateway.ledger import FeedbackRecord, RequestRecord
-from gateway.store.health import Breaker, StoreUnavailable, is_redis_error
+from gateway.store.health import REPLY_ERRORS, Breaker, StoreUnavailable, is_unavailable, sync_guarded
 
 log = logging.getLogger("polyroute.ledger")
 
@@ -80,15 +80,19 @@ class RedisLedger:
                     if payload["type"] == "request":
                         who = json.dumps([payload["tenant"], payload.get("worker")])
                         pipe.set(INDEX_PREFIX + payload["id"], who, ex=INDEX_TTL_S)
-                pipe.execute()
+                # A command's reply error comes back in its place; the rest landed and are not resent.
+                results = pipe.execute(raise_on_error=False)
             except StoreUnavailable:
                 return sent
             except Exception as exc:
-                if not is_redis_error(exc):
+                if not is_unavailable(exc):
                     raise
                 self.breaker.failure(exc)
                 return sent
             self.breaker.success()
+            for result in results:
+                if isinstance(result, Exception):
+                    REPLY_ERRORS.report("ledger.flush", result)
             with self._lock:
                 for payload in batch:  # only these: records appended meanwhile stay
                     if self._buffer and self._buffer[0] is payload:
@@ -107,15 +111,7 @@ class RedisLedger:
             found = self._recent.get(request_id)
         if found is not None:
             return found
-        try:
-            self.breaker.check()
-            raw = self._redis.get(INDEX_PREFIX + request_id)
-        except StoreUnavailable:
-            raise
-        except Exception as exc:
-            if is_redis_error(exc):
-                raise self.breaker.failure(exc) from exc
-            raise
+        raw = sync_guarded(self.breaker, lambda: self._redis.get(INDEX_PREFIX + request_id), "ledger.lookup")
         if raw is None:
             return None
         tenant, worker = json.loads(raw)

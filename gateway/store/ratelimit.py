@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass
 from typing import Protocol
 
-from gateway.store.health import Breaker, guarded
+from gateway.store.health import Breaker, StoreReplyError, guarded
 
 WINDOW_MS = 60_000
 
@@ -148,15 +148,15 @@ class RedisLimiter:
     def _key(self, tenant: str, limit: Limit) -> str:
         return f"{self.PREFIX}{{{tenant}}}:{limit.key}"  # one tenant's limits share a cluster slot
 
-    async def _call(self, call):
-        return await guarded(self.breaker, call)
+    async def _call(self, call, what: str):
+        return await guarded(self.breaker, call, what)
 
     async def check(self, tenant: str, limits: list[Limit]) -> list[Verdict]:
         args: list[object] = [WINDOW_MS]
         for limit in limits:
             args += [repr(limit.interval_ms), limit.units]
         keys = [self._key(tenant, limit) for limit in limits]
-        rows = await self._call(lambda: self._check(keys=keys, args=args))
+        rows = await self._call(lambda: self._check(keys=keys, args=args), "rate limits (CHECK_LUA)")
         return [
             Verdict(limit, bool(row[0]), int(row[1]), int(row[2]), int(row[3]))
             for limit, row in zip(limits, rows, strict=True)
@@ -164,7 +164,13 @@ class RedisLimiter:
 
     async def adjust(self, tenant: str, limit: Limit, delta_units: int) -> None:
         key = self._key(tenant, limit)
-        await self._call(lambda: self._adjust(keys=[key], args=[repr(delta_units * limit.interval_ms)]))
+        try:
+            await self._call(
+                lambda: self._adjust(keys=[key], args=[repr(delta_units * limit.interval_ms)]),
+                "rate limits (ADJUST_LUA)",
+            )
+        except StoreReplyError:
+            return  # a correction after the answer: logged by the guard, the request stands
 
     def status(self) -> dict:
         return {"backend": "redis", **self.breaker.status()}
