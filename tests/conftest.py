@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -73,13 +74,22 @@ workers:
 """
 
 
-@pytest.fixture(scope="session")
-def upstream() -> Iterator[FakeUpstream]:
+@contextmanager
+def running_upstream() -> Iterator[FakeUpstream]:
+    """A test upstream of its own on loopback, stopped on exit."""
     fake = FakeUpstream()
     running = serve_in_thread(fake.app)
     fake.url = running.url  # type: ignore[attr-defined]
-    yield fake
-    running.stop()
+    try:
+        yield fake
+    finally:
+        running.stop()
+
+
+@pytest.fixture(scope="session")
+def upstream() -> Iterator[FakeUpstream]:
+    with running_upstream() as fake:
+        yield fake
 
 
 @pytest.fixture(autouse=True)
@@ -178,6 +188,24 @@ class RedisServer:
     def stop(self) -> None:
         self.proc.terminate()
         self.proc.wait(timeout=10)
+
+
+@pytest.fixture(params=["memory", "redis"])
+async def stores(request: pytest.FixtureRequest, tmp_path: Path):
+    """The shared-state stores on both backends: in-process, and a real redis-server (flushed)."""
+    import redis
+
+    from gateway.store import open_stores
+
+    url = None
+    if request.param == "redis":
+        server: RedisServer = request.getfixturevalue("redis_server")
+        redis.Redis.from_url(server.url).flushdb()
+        url = server.url
+    opened = open_stores(tmp_path, url)
+    yield opened
+    await opened.close()
+    opened.ledger.close()
 
 
 @pytest.fixture(scope="session")

@@ -26,8 +26,7 @@ import yaml
 
 from policies import parse_catalog
 from retrieval import InvalidName, check_name
-from tests.conftest import FAKE_KEY_ENV, Gateway, start_gateway
-from tests.fakes.server import serve_in_thread
+from tests.conftest import FAKE_KEY_ENV, Gateway, running_upstream, start_gateway
 from tests.fakes.upstream import FakeUpstream
 
 # The tight gateway's total per-request deadline: a loaded machine opens a stream well within it.
@@ -40,11 +39,8 @@ LONG_TEXT = " ".join(f"word{i}" for i in range(100))
 @pytest.fixture(scope="module")
 def slow_upstream() -> Iterator[FakeUpstream]:
     """Its own upstream: the slow answers here must not hold up the session's shared one."""
-    fake = FakeUpstream()
-    running = serve_in_thread(fake.app)
-    fake.url = running.url  # type: ignore[attr-defined]
-    yield fake
-    running.stop()
+    with running_upstream() as fake:
+        yield fake
 
 
 @pytest.fixture(autouse=True)

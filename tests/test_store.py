@@ -21,21 +21,6 @@ from tests.conftest import RedisServer
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture(params=["memory", "redis"])
-async def stores(request, tmp_path):
-    url = None
-    if request.param == "redis":
-        server: RedisServer = request.getfixturevalue("redis_server")
-        import redis
-
-        redis.Redis.from_url(server.url).flushdb()
-        url = server.url
-    stores = open_stores(tmp_path, url)
-    yield stores
-    await stores.close()
-    stores.ledger.close()
-
-
 # ---- budgets ---------------------------------------------------------------------------------
 async def test_reserve_settle_release(stores):
     budgets, limits = stores.budgets, Limits(daily=1000, monthly=5000)

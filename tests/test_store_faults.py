@@ -28,24 +28,11 @@ from gateway.store import Limits, StoreUnavailable, health, open_stores
 from gateway.store.budgets import RedisBudgets, periods
 from gateway.store.health import Breaker, guarded
 from policies import parse_catalog
-from tests.conftest import Gateway, RedisServer, catalog_yaml_for, start_gateway
+from tests.conftest import Gateway, catalog_yaml_for, start_gateway
 
 pytestmark = pytest.mark.anyio
 
 REFUSED = "redis://127.0.0.1:1/0"  # nothing listens on port 1: connection refused, a real outage
-
-
-@pytest.fixture(params=["memory", "redis"])
-async def stores(request, tmp_path):
-    url = None
-    if request.param == "redis":
-        server: RedisServer = request.getfixturevalue("redis_server")
-        redis.Redis.from_url(server.url).flushdb()
-        url = server.url
-    stores = open_stores(tmp_path, url)
-    yield stores
-    await stores.close()
-    stores.ledger.close()
 
 
 def _client(stores) -> redis.Redis:

@@ -253,6 +253,19 @@ class ReplyErrors:
 REPLY_ERRORS = ReplyErrors()
 
 
+def _failed(breaker: Breaker, probe: bool, exc: Exception, what: str) -> Exception:
+    """What a failed call becomes: a reply error (Redis answered: the breaker hears it is up), an
+    outage (counted by the breaker), or anything else, re-raised as it is (a probe gives its slot back)."""
+    if is_reply_error(exc):
+        breaker.success()
+        return REPLY_ERRORS.report(what, exc)
+    if is_unavailable(exc):
+        return breaker.failure(exc)
+    if probe:
+        breaker.release_probe()
+    return exc
+
+
 async def guarded(breaker: Breaker, call, what: str = "redis call"):
     """Await `call()` under the breaker: fail fast while open, count unavailability, and turn a
     reply error into StoreReplyError without touching the breaker."""
@@ -260,14 +273,10 @@ async def guarded(breaker: Breaker, call, what: str = "redis call"):
     try:
         result = await call()
     except Exception as exc:
-        if is_reply_error(exc):
-            breaker.success()  # Redis is up: it answered
-            raise REPLY_ERRORS.report(what, exc) from exc
-        if is_unavailable(exc):
-            raise breaker.failure(exc) from exc
-        if probe:
-            breaker.release_probe()
-        raise
+        failure = _failed(breaker, probe, exc, what)
+        if failure is exc:
+            raise
+        raise failure from exc
     except BaseException:  # cancelled (the client went away): the outcome is unknown
         if probe:
             breaker.release_probe()
@@ -282,13 +291,9 @@ def sync_guarded(breaker: Breaker, call, what: str = "redis call"):
     try:
         result = call()
     except Exception as exc:
-        if is_reply_error(exc):
-            breaker.success()
-            raise REPLY_ERRORS.report(what, exc) from exc
-        if is_unavailable(exc):
-            raise breaker.failure(exc) from exc
-        if probe:
-            breaker.release_probe()
-        raise
+        failure = _failed(breaker, probe, exc, what)
+        if failure is exc:
+            raise
+        raise failure from exc
     breaker.success()
     return result
