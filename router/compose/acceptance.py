@@ -17,7 +17,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-NUMBER = re.compile(r"-?\d[\d,]*\.?\d*")
+from router.answers import NUMBER, final_answer
+
 CALC = re.compile(r"<<([^<>=]+)=([^<>]+)>>")
 STATEMENT = re.compile(
     r"(\d[\d,.]*\s*[-+*/x×]\s*\d[\d,.]*(?:\s*[-+*/x×]\s*\d[\d,.]*)*)\s*=\s*\$?(-?\d[\d,]*\.?\d*)"
@@ -97,24 +98,6 @@ def _wrong_share(pairs: list[tuple[str, str]]) -> tuple[int, float]:
         if not math.isclose(value, claimed, rel_tol=1e-3, abs_tol=0.011):
             wrong += 1
     return checked, (wrong / checked if checked else 0.0)
-
-
-def final_answer(text: str) -> str | None:
-    """The answer's final value: after '####' or 'answer is', else its last number."""
-    for marker in ("####", "answer is", "Answer:"):
-        if marker in text:
-            tail = text.rsplit(marker, 1)[1]
-            found = NUMBER.search(tail)
-            if found:
-                return found.group().replace(",", "").rstrip(".")
-            stripped = tail.strip().split("\n")[0].strip(" .*")
-            if stripped:
-                return stripped.lower()
-    numbers = NUMBER.findall(text)
-    if numbers:
-        return numbers[-1].replace(",", "").rstrip(".")
-    stripped = text.strip().split("\n")[-1].strip(" .*").lower()
-    return stripped or None
 
 
 def answer_features(query: str, answer: str) -> np.ndarray:
