@@ -54,6 +54,7 @@ bench: $(STAMP)
 	$(PY) bench/overhead.py
 	$(PY) bench/overhead_vs_litellm.py
 	$(PY) bench/policy.py
+	$(PY) bench/noisy_neighbour.py
 	$(PY) bench/router.py
 
 lint: $(STAMP)
