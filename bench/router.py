@@ -30,7 +30,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from policies import parse_catalog  # noqa: E402
 from router import LearnedRouter, RouteRequest  # noqa: E402
-from router.datasets import load_routellm  # noqa: E402
+from router.offline import load_routellm  # noqa: E402
 from router.training import train_artifact  # noqa: E402
 
 QUERY = (

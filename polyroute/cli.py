@@ -336,7 +336,7 @@ def router_train(
 
     from gateway.ledger import training_rows
     from policies import load_catalog
-    from router import ledger_dataset, save_artifact, train_artifact
+    from router import save_artifact, train_artifact
 
     if bool(dataset) == from_ledger:
         console.print("[red]give exactly one of --dataset routellm or --from-ledger[/]")
@@ -360,11 +360,14 @@ def router_train(
         except FileNotFoundError as exc:
             console.print(f"[red]{exc}[/]")
             raise typer.Exit(1) from None
+        from router.offline.ledger import ledger_dataset
+
         try:
-            texts, turns, labels, workers = ledger_dataset(training_rows(iter(records)))
+            ds = ledger_dataset(training_rows(iter(records)))
         except ValueError as exc:
             console.print(f"[red]{exc}[/]")
             raise typer.Exit(1) from None
+        texts, turns, labels, workers = ds.texts, ds.turns, ds.labels, ds.workers
         for worker in workers:
             tokens = [
                 r["completion_tokens"]
@@ -378,7 +381,7 @@ def router_train(
             "rows": len(texts),
         }
     else:
-        from router.datasets import load_routellm
+        from router.offline import load_routellm
 
         root = _routellm_root(data)
         ds = load_routellm(root, parts=("mmlu", "gsm8k"))
@@ -516,20 +519,14 @@ def router_eval(
     if dataset != "routellm":
         console.print(f"[red]unknown dataset {dataset!r}[/] (known: routellm)")
         raise typer.Exit(2)
-    from router.datasets import RoutingDataset
-    from router.evaluate import run_routellm_eval
-    from router.training import feature_builder, fit_quality
+    from router.offline import run_routellm_eval
+    from router.offline.single import quality_fit_predict
+    from router.training import feature_builder
 
     results = Path("bench/results")
     out = out or results / f"router_eval_{dataset}.json"
     plot = plot or out.with_suffix(".png")
-    builder = feature_builder(backend)
-
-    def fit_predict(train: RoutingDataset, test: RoutingDataset):
-        X_train = builder.transform(train.texts, train.turns, progress=True)
-        fitted, _ = fit_quality(X_train, train.labels, model, seed)
-        return fitted.predict(builder.transform(test.texts, test.turns, progress=True))
-
+    fit_predict = quality_fit_predict(feature_builder(backend), model, seed)
     run_routellm_eval(fit_predict, _routellm_root(data), out, plot, seed=seed)
     console.print(f"wrote {out} and {plot}")
 
@@ -537,33 +534,18 @@ def router_eval(
 def _router_eval_cascade(
     data: Path | None, seed: int, out: Path | None, plot: Path | None, save: bool, data_dir: Path | None
 ) -> None:
-    """The cascade replayed on RouteLLM's GSM8K responses (router/compose/evaluate.py)."""
-    from router.compose.evaluate import fit_and_save_acceptance, plot_cost_curves, run_cascade_eval, write
+    """The cascade replayed on RouteLLM's GSM8K responses (router/offline/cascade.py)."""
+    from router.offline import run_gsm8k_cascade
+    from router.offline.cascade import fit_and_save_acceptance
 
     source = _routellm_root(data) / "gsm8k" / "gsm8k_responses.csv"
     out = out or Path("bench/results/router_eval_cascade.json")
     plot = plot or out.with_suffix(".png")
-    with console.status("cross-fitting the acceptance model and the fast router (5 folds)"):
-        try:
-            report = run_cascade_eval(source, seed=seed)
-        except (FileNotFoundError, ValueError) as exc:
-            console.print(f"[red]{exc}[/]")
-            raise typer.Exit(1) from None
-    write(report, out)
-    plot_cost_curves(report, plot)
-    table = Table("router", "APGR", "95% CI", "strong share for 80% of gap", "cost there / always-strong")
-    strong_cost = report["results"]["always_strong"]["cost_usd"]
-    for name in ("cascade", "fast_router", "cascade_oracle", "random", "oracle"):
-        r = report["results"][name]
-        ci = r.get("apgr_ci95")
-        table.add_row(
-            name,
-            f"{r['apgr']:.3f}",
-            f"{ci[0]:.2f}-{ci[1]:.2f}" if ci else "",
-            f"{r['cpt80']:.0%}" if r.get("cpt80") is not None else "never",
-            f"{r['cost_at_cpt80'] / strong_cost:.0%}" if r.get("cost_at_cpt80") is not None else "",
-        )
-    Console().print(table)
+    try:
+        report = run_gsm8k_cascade(source, out, plot, seed=seed, console=Console())
+    except (FileNotFoundError, ValueError) as exc:
+        console.print(f"[red]{exc}[/]")
+        raise typer.Exit(1) from None
     console.print(f"acceptance model AUC {report['acceptance_auc']:.3f}; wrote {out} and {plot}")
     if save:
         saved = fit_and_save_acceptance(source, _data_dir(data_dir) / "router" / "acceptance.joblib", seed)
@@ -582,8 +564,8 @@ def _router_eval_files(
     plot: Path | None,
 ) -> None:
     """`router eval --format`: any files of a known format; a bad file is one red line naming file:line."""
-    from router.multi_datasets import FORMATS
-    from router.multi_eval import DEFAULT_MODEL, MODELS
+    from router.offline import FORMATS, run_pool_eval
+    from router.offline.single import DEFAULT_MODEL, MODELS
 
     if fmt not in FORMATS:
         raise typer.BadParameter(f"use one of {', '.join(FORMATS)}", param_hint="--format")
@@ -592,10 +574,8 @@ def _router_eval_files(
     model = DEFAULT_MODEL if model == "auto" else model
     if model not in MODELS:
         raise typer.BadParameter(f"use auto or one of {', '.join(MODELS)}", param_hint="--model")
-    from router.multi_eval import run_multi_eval
-
     try:
-        run_multi_eval(fmt, train, test, out, plot, prices=prices, backend=backend, model=model, seed=seed)
+        run_pool_eval(fmt, train, test, out, plot, prices=prices, backend=backend, model=model, seed=seed)
     except (ValueError, FileNotFoundError) as exc:
         console.print(f"[red]{exc}[/]")
         raise typer.Exit(1) from None
@@ -611,7 +591,7 @@ def router_split(
     seed: int = 0,
 ) -> None:
     """A deterministic train/test split of data files by query, stratified by task, in the same format."""
-    from router.multi_split import write_split
+    from router.offline.split import write_split
 
     try:
         counts = write_split(fmt, input_, out_dir, test_fraction, seed)

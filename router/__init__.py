@@ -4,6 +4,9 @@ The learned router (per-worker quality models over query features, quality âˆ’ Î
 when a trained model is in force; the rule-based CheapestRouter serves otherwise and is the
 fallback when a model cannot be loaded. Imports policies for types only; heavy ML imports are
 deferred to training and to the first prediction.
+
+What runs per request lives here at the top level; how we measure it (data loaders, splits, metrics,
+the evaluation harness, plots) lives in router/offline/, which nothing here imports.
 """
 
 from router.artifacts import (
@@ -20,7 +23,7 @@ from router.artifacts import (
 from router.decide import Choice, Estimate, choose
 from router.learned import LearnedRouter
 from router.rules import CheapestRouter, RouteDecision, RouteRequest, estimate_cost
-from router.training import feature_builder_for, ledger_dataset, train_artifact
+from router.training import feature_builder_for, train_artifact
 
 __all__ = [
     "CheapestRouter",
@@ -35,7 +38,6 @@ __all__ = [
     "choose",
     "estimate_cost",
     "feature_builder_for",
-    "ledger_dataset",
     "list_versions",
     "load_current",
     "load_version",

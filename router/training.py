@@ -1,5 +1,7 @@
 """Training router models: from a labelled dataset or from the ledger's feedback, into an artifact.
 
+The data itself comes from router/offline/ (one loader per format, the ledger's included); this module
+stays at the top level because the gateway rebuilds a model's features with :func:`feature_builder_for`.
 Heavy imports (sentence-transformers, LightGBM) happen inside the functions, so importing the
 router package stays cheap for the gateway's start and the CLI's help.
 """
@@ -117,23 +119,3 @@ def train_artifact(
         tier_prior=tier_prior,
         card=card,
     )
-
-
-def ledger_dataset(rows: list[dict]) -> tuple[list[str], list[int], np.ndarray, list[str]]:
-    """Feedback rows (query, turns, worker, score) → texts, turns, labels [n, k] with NaN, workers."""
-    if not rows:
-        raise ValueError("the ledger holds no request with both a stored query and feedback")
-    workers = sorted({r["worker"] for r in rows})
-    column = {w: i for i, w in enumerate(workers)}
-    index: dict[str, int] = {}
-    texts: list[str] = []
-    turns: list[int] = []
-    for row in rows:
-        if row["query"] not in index:
-            index[row["query"]] = len(texts)
-            texts.append(row["query"])
-            turns.append(int(row.get("turns", 1)))
-    labels = np.full((len(texts), len(workers)), np.nan)
-    for row in rows:
-        labels[index[row["query"]], column[row["worker"]]] = float(row["score"])
-    return texts, turns, labels, workers

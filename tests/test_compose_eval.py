@@ -1,4 +1,4 @@
-"""The offline cascade replay (router/compose/evaluate.py) on a small GSM8K-format fixture."""
+"""The offline cascade replay (router/offline/cascade.py) on a small GSM8K-format fixture."""
 
 from __future__ import annotations
 
@@ -6,13 +6,14 @@ from pathlib import Path
 
 import pytest
 
-from router.compose.evaluate import WEAK, load_gsm8k, run_cascade_eval
+from router.offline.cascade import evaluate_gsm8k_cascade
+from router.offline.routellm import WEAK, load_gsm8k_answers
 
 FIXTURE = Path(__file__).parent / "fixtures" / "gsm8k_small.csv"
 
 
 def test_cascade_replay_beats_random_and_keys_are_there():
-    report = run_cascade_eval(FIXTURE, k=3, bootstrap=0)
+    report = evaluate_gsm8k_cascade(FIXTURE, k=3, bootstrap=0)
     results = report["results"]
     assert {
         "cascade",
@@ -38,17 +39,24 @@ def test_cascade_replay_beats_random_and_keys_are_there():
 
 def test_bad_files_name_the_file_and_line(tmp_path):
     with pytest.raises(FileNotFoundError, match="not found"):
-        load_gsm8k(tmp_path / "missing.csv")
+        load_gsm8k_answers(tmp_path / "missing.csv")
     wrong = tmp_path / "wrong.csv"
     wrong.write_text("prompt,answer\nq,a\n")
     with pytest.raises(ValueError, match="missing columns"):
-        load_gsm8k(wrong)
+        load_gsm8k_answers(wrong)
     lines = FIXTURE.read_text(encoding="utf-8").splitlines(keepends=True)
     corrupt = tmp_path / "corrupt.csv"
-    corrupt.write_text(lines[0] + lines[1].replace(",True,", ",maybe,", 1), encoding="utf-8")
+    # the first record spans lines 2-4 (answers are quoted multi-line fields)
+    corrupt.write_text(
+        lines[0] + lines[1].replace(",True,", ",maybe,", 1) + "".join(lines[2:4]), encoding="utf-8"
+    )
     assert WEAK in lines[0]
     with pytest.raises(ValueError, match=r"corrupt.csv:2: correctness"):
-        load_gsm8k(corrupt)
+        load_gsm8k_answers(corrupt)
+    truncated = tmp_path / "truncated.csv"
+    truncated.write_text(lines[0] + lines[1], encoding="utf-8")  # cut inside a quoted answer
+    with pytest.raises(ValueError, match=r"truncated.csv:2: malformed CSV"):
+        load_gsm8k_answers(truncated)
 
 
 def test_cli_replays_the_cascade_and_the_gateway_uses_the_saved_model(tmp_path, upstream):

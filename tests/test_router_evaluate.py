@@ -18,24 +18,13 @@ import numpy as np
 import pytest
 from rich.console import Console
 
-from router.datasets import RoutingDataset, load_routellm
-from router.evaluate import (
-    CurvePoint,
-    apgr,
-    baselines,
-    cpt,
-    dataset_costs,
-    estimate_costs,
-    evaluate_router,
-    group_mean_fit_predict,
-    pgr,
-    plot_curves,
-    routing_curve,
-    run_routellm_eval,
-    split_by_group,
-    split_random,
-    split_train_test_parts,
-)
+from router.offline.dataset import RoutingDataset, estimate_costs
+from router.offline.harness import run_routellm_eval
+from router.offline.metrics import CurvePoint, apgr, baselines, cpt, evaluate_router, pgr, routing_curve
+from router.offline.plots import plot_curves
+from router.offline.routellm import dataset_costs, load_routellm
+from router.offline.single import group_mean_fit_predict
+from router.offline.split import split_by_group, split_random, split_train_test_parts
 
 FIXTURES = Path(__file__).parent / "fixtures" / "routellm"
 MIX, GPT = "mixtral-8x7b", "gpt-4-1106-preview"

@@ -27,7 +27,7 @@ from router import (
     save_artifact,
     train_artifact,
 )
-from router.datasets import load_routellm
+from router.offline import load_routellm
 from tests.conftest import catalog_yaml_for, start_gateway
 
 FIXTURE = Path(__file__).parent / "fixtures" / "routellm"

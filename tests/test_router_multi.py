@@ -22,9 +22,11 @@ from policies import parse_catalog
 from polyroute.cli import app
 from router.costs import CostModel
 from router.decide import Estimate, choose, choose_many
-from router.frontier import aiq, best_accuracy_within, cheapest_reaching, upper_hull
-from router.multi_datasets import focus_text, load_format, load_llmrouter, load_routerbench
-from router.multi_split import split_ids, write_split
+from router.offline.formats import load_format
+from router.offline.llmrouter import load_llmrouter
+from router.offline.metrics import aiq, best_accuracy_within, cheapest_reaching, upper_hull
+from router.offline.routerbench import focus_text, load_routerbench
+from router.offline.split import split_ids, write_split
 
 FIX = Path(__file__).parent / "fixtures" / "multi"
 RB = FIX / "routerbench_tiny.csv"
@@ -295,7 +297,7 @@ def test_eval_cli_writes_the_result_and_oracle_beats_ours_beats_random(tmp_path:
 
 
 def test_blank_test_rows_are_skipped_and_overlapping_train_rows_dropped() -> None:
-    from router.multi_eval import align
+    from router.offline.split import align
 
     ds = load_routerbench([RB])  # row 4 has a blank score
     train, test, counts = align(ds.subset(range(3, 36)), ds.subset([3, 4, 5]))

@@ -1,9 +1,15 @@
-"""Routing datasets: per-question correctness of several models, loaded into plain numpy arrays.
+"""The RouteLLM format: Mixtral-8x7B vs GPT-4-1106-preview on MMLU, GSM8K and MT-Bench.
 
-The learned router is trained and evaluated on public data where every question was answered by both
-candidate models. This module turns the RouteLLM evaluation files (MMLU, GSM8K, MT-Bench; see
-`/work/shared/data/routellm/SOURCE.md`) into one `RoutingDataset`, so the evaluation code never has to
-know about CSV quirks, judge formats or raw model names.
+Two loaders over the same folder (see `/work/shared/data/routellm/SOURCE.md`):
+
+* :func:`load_routellm` — per-question correctness of both models on every part, as one
+  :class:`RoutingDataset` (what the single-strategy evaluation and `router train --dataset routellm` use);
+* :func:`load_gsm8k_answers` — GSM8K with both models' recorded *answers*, which the cascade replay
+  needs to score the cheap answer before deciding to escalate.
+
+Costs: RouteLLM records none, so they are estimated from the published list prices (:data:`PRICES_PER_M`)
+with :func:`router.offline.dataset.estimate_costs` — the recorded answer's length where the data has one
+(GSM8K), else a per-benchmark output length.
 
 Rules the loader follows, because a silently wrong label is worse than a loud failure:
 
@@ -15,17 +21,23 @@ Rules the loader follows, because a silently wrong label is worse than a loud fa
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 import math
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from router.offline.dataset import (
+    CHARS_PER_TOKEN,
+    RoutingDataset,
+    csv_rows,
+    estimate_costs,
+    json_objects,
+)
 
 # Raw model name (CSV column / judgement "model") -> short worker name. Order = column order of labels.
 WORKER_ALIASES: dict[str, str] = {
@@ -33,96 +45,26 @@ WORKER_ALIASES: dict[str, str] = {
     "gpt-4-1106-preview": "gpt-4-1106-preview",
 }
 WORKERS: tuple[str, ...] = tuple(dict.fromkeys(WORKER_ALIASES.values()))
+WEAK, STRONG = tuple(WORKER_ALIASES)  # raw model names, the cheap one first
 PARTS: tuple[str, ...] = ("mmlu", "gsm8k", "mt_bench")
 DEFAULT_ROOT = "../shared/data/routellm"
+REPO_ROOT = Path(__file__).resolve().parents[2]
+GSM8K_FILE = REPO_ROOT.parent / "shared" / "data" / "routellm" / "gsm8k" / "gsm8k_responses.csv"
 RESPONSE_SUFFIX = "_response"
 MAX_EXAMPLES = 20  # how many unparsable cells / skipped rows are quoted verbatim in meta
 
+# Published list prices per 1M tokens (input, output) at the time of the data (see SOURCE.md).
+PRICES_PER_M: dict[str, tuple[float, float]] = {
+    "mixtral-8x7b": (0.24, 0.24),
+    "gpt-4-1106-preview": (10.0, 30.0),
+}
+# Output tokens per turn when no recorded response is available: MMLU answers are a letter plus a few
+# words, GSM8K answers are worked solutions, MT-Bench answers are essays/code.
+DEFAULT_OUTPUT_TOKENS: dict[str, float] = {"mmlu": 5.0, "gsm8k": 200.0, "mt_bench": 400.0}
+FALLBACK_OUTPUT_TOKENS = 200.0  # for a benchmark not listed above
+
 _TRUE = {"true", "1", "1.0", "yes"}
 _FALSE = {"false", "0", "0.0", "no"}
-
-
-@dataclass(frozen=True)
-class RoutingDataset:
-    """Questions x workers: `labels[i, j]` is how well worker j did on question i (1 = correct).
-
-    `response_chars[i, j]` is the length of worker j's recorded answer where the source has it (GSM8K),
-    NaN elsewhere; the evaluation uses it for per-query output-token costs. `ids` are stable row ids
-    ("mmlu/anatomy:3" = 4th question of that file, "mt_bench:81" = question_id 81) for tracing.
-    """
-
-    name: str
-    texts: list[str]
-    workers: list[str]
-    labels: np.ndarray
-    groups: list[str]
-    turns: list[int]
-    meta: dict = field(default_factory=dict)
-    ids: list[str] = field(default_factory=list)
-    response_chars: np.ndarray | None = None
-    # USD per (question, worker) where the source records it (RouterBench) or prices it (LLMRouter);
-    # None when the dataset carries no costs (RouteLLM: the evaluation estimates them from tokens).
-    costs: np.ndarray | None = None
-
-    def __post_init__(self) -> None:
-        n, k = len(self.texts), len(self.workers)
-        labels = np.asarray(self.labels, dtype=float)
-        if labels.shape != (n, k):
-            raise ValueError(f"labels has shape {labels.shape}, expected ({n}, {k})")
-        if len(self.groups) != n or len(self.turns) != n:
-            raise ValueError(f"groups ({len(self.groups)}) and turns ({len(self.turns)}) must have {n} rows")
-        object.__setattr__(self, "labels", labels)
-        if not self.ids:
-            object.__setattr__(self, "ids", [f"{self.name}:{i}" for i in range(n)])
-        elif len(self.ids) != n:
-            raise ValueError(f"ids has {len(self.ids)} rows, expected {n}")
-        chars = self.response_chars
-        chars = np.full((n, k), np.nan) if chars is None else np.asarray(chars, dtype=float)
-        if chars.shape != (n, k):
-            raise ValueError(f"response_chars has shape {chars.shape}, expected ({n}, {k})")
-        object.__setattr__(self, "response_chars", chars)
-        if self.costs is not None:
-            costs = np.asarray(self.costs, dtype=float)
-            if costs.shape != (n, k):
-                raise ValueError(f"costs has shape {costs.shape}, expected ({n}, {k})")
-            object.__setattr__(self, "costs", costs)
-
-    def __len__(self) -> int:
-        return len(self.texts)
-
-    @property
-    def parts(self) -> list[str]:
-        """The source benchmark of each row ("mmlu", "gsm8k", "mt_bench"): the group up to the first '/'."""
-        return [g.split("/", 1)[0] for g in self.groups]
-
-    def worker_index(self, worker: str) -> int:
-        try:
-            return self.workers.index(worker)
-        except ValueError:
-            raise KeyError(f"unknown worker {worker!r}; dataset has {self.workers}") from None
-
-    def subset(self, idx: Sequence[int] | np.ndarray) -> RoutingDataset:
-        """Rows `idx` (integer indices or a boolean mask), in that order; meta is shared plus the parent size."""
-        index = np.asarray(idx)
-        if index.dtype == bool:
-            if index.shape != (len(self),):
-                raise ValueError(f"boolean mask has shape {index.shape}, expected ({len(self)},)")
-            index = np.flatnonzero(index)
-        index = index.astype(int, copy=False)
-        rows = index.tolist()
-        assert self.response_chars is not None  # set in __post_init__
-        return RoutingDataset(
-            name=self.name,
-            texts=[self.texts[i] for i in rows],
-            workers=list(self.workers),
-            labels=self.labels[index],
-            groups=[self.groups[i] for i in rows],
-            turns=[self.turns[i] for i in rows],
-            meta={**self.meta, "subset_of_rows": len(self)},
-            ids=[self.ids[i] for i in rows],
-            response_chars=self.response_chars[index],
-            costs=None if self.costs is None else self.costs[index],
-        )
 
 
 # ----------------------------------------------------------------------------------------------- parsing
@@ -151,45 +93,6 @@ class _Stats:
             self.skipped_examples.append({**where, "reason": reason})
 
 
-def _read_text(path: Path) -> str:
-    """UTF-8 text of `path`; a decoding error becomes a ValueError with the line number."""
-    data = path.read_bytes()
-    try:
-        return data.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        line = data[: exc.start].count(b"\n") + 1
-        raise ValueError(f"{path}:{line}: not valid UTF-8 ({exc.reason})") from None
-
-
-def _csv_rows(path: Path) -> tuple[list[str], list[tuple[int, list[str]]]]:
-    """Header and (first line number, fields) of every record; multi-line quoted fields are fine.
-
-    `strict=True` makes the csv module reject stray quotes and unterminated fields instead of guessing.
-    """
-    reader = csv.reader(io.StringIO(_read_text(path), newline=""), strict=True)
-    rows: list[tuple[int, list[str]]] = []
-    header: list[str] | None = None
-    start = 1
-    try:
-        for record in reader:
-            if header is None:
-                header = [h.strip() for h in record]
-            elif record and any(cell.strip() for cell in record):
-                if len(record) != len(header):
-                    raise ValueError(
-                        f"{path}:{start}: expected {len(header)} fields as in the header, got {len(record)}"
-                    )
-                rows.append((start, record))
-            start = reader.line_num + 1
-    except csv.Error as exc:
-        raise ValueError(f"{path}:{start}: malformed CSV ({exc})") from None
-    if header is None:
-        raise ValueError(f"{path}:1: empty file, expected a header row")
-    if "prompt" not in header:
-        raise ValueError(f"{path}:1: header has no 'prompt' column: {header}")
-    return header, rows
-
-
 def _parse_bool(value: str) -> float | None:
     """1.0/0.0 for a correctness cell, NaN for blank, None for unparsable."""
     v = value.strip().lower()
@@ -206,7 +109,7 @@ def _load_correctness_csv(
     path: Path, part: str, group: str, stats: _Stats
 ) -> tuple[list[str], list[str], np.ndarray, np.ndarray, dict[str, str]]:
     """(texts, ids, labels [n, k], response chars [n, k], short->raw column) of one correctness CSV."""
-    header, rows = _csv_rows(path)
+    header, rows = csv_rows(path)
     prompt_col = header.index("prompt")
     label_cols = {WORKER_ALIASES[h]: i for i, h in enumerate(header) if h in WORKER_ALIASES}
     response_cols = {
@@ -251,22 +154,6 @@ def _load_correctness_csv(
         ids.append(f"{group}:{ordinal}")
         kept += 1
     return texts, ids, labels[:kept], chars[:kept], raw
-
-
-def _jsonl(path: Path) -> list[tuple[int, dict[str, Any]]]:
-    """(line number, object) per non-blank line; invalid JSON or a non-object raises with the line."""
-    out: list[tuple[int, dict[str, Any]]] = []
-    for line_no, line in enumerate(_read_text(path).splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{path}:{line_no}: invalid JSON ({exc.msg})") from None
-        if not isinstance(obj, dict):
-            raise ValueError(f"{path}:{line_no}: expected a JSON object, got {type(obj).__name__}")
-        out.append((line_no, obj))
-    return out
 
 
 def _score(value: Any) -> float | None:
@@ -352,7 +239,7 @@ def _load_mt_bench(root: Path, stats: _Stats) -> _Part:
             raise FileNotFoundError(p)
 
     questions: dict[Any, tuple[str, str, int]] = {}
-    for line, obj in _jsonl(q_path):
+    for line, obj in json_objects(q_path):
         missing = [key for key in ("question_id", "category", "turns") if key not in obj]
         if missing:
             raise ValueError(f"{q_path}:{line}: question lacks {missing}")
@@ -367,7 +254,7 @@ def _load_mt_bench(root: Path, stats: _Stats) -> _Part:
     models: Counter[str] = Counter()
     judges: Counter[str] = Counter()
     raw_columns: dict[str, str] = {}
-    for line, obj in _jsonl(j_path):
+    for line, obj in json_objects(j_path):
         where = {"file": str(j_path), "line": line}
         model = obj.get("model")
         models[str(model)] += 1
@@ -424,7 +311,7 @@ def _resolve_root(root: str | Path) -> Path:
     path = Path(root).expanduser()
     if path.is_absolute() or path.exists():
         return path.resolve()
-    repo_relative = (Path(__file__).resolve().parents[1] / path).resolve()
+    repo_relative = (REPO_ROOT / path).resolve()
     return repo_relative if repo_relative.exists() else path
 
 
@@ -484,3 +371,68 @@ def load_routellm(root: str | Path = DEFAULT_ROOT, parts: Sequence[str] = PARTS)
         ids=[i for p in loaded.values() for i in p.ids],
         response_chars=chars,
     )
+
+
+# ------------------------------------------------------------------------------------------------- costs
+
+
+def dataset_costs(
+    ds: RoutingDataset,
+    worker: str,
+    prices: Mapping[str, tuple[float, float]] = PRICES_PER_M,
+    default_output_tokens: Mapping[str, float] = DEFAULT_OUTPUT_TOKENS,
+) -> np.ndarray:
+    """Per-query cost of `worker` on `ds`: the recorded response length / 4 where the data has it (GSM8K),
+    else the per-benchmark default output length."""
+    if worker not in prices:
+        raise KeyError(f"no price for worker {worker!r}; known: {sorted(prices)}")
+    j = ds.worker_index(worker)
+    assert ds.response_chars is not None
+    recorded = ds.response_chars[:, j] / CHARS_PER_TOKEN
+    default = np.array([default_output_tokens.get(p, FALLBACK_OUTPUT_TOKENS) for p in ds.parts], dtype=float)
+    output = np.where(np.isfinite(recorded), recorded, default)
+    price_in, price_out = prices[worker]
+    return estimate_costs(ds.texts, price_in, price_out, output, np.asarray(ds.turns, dtype=float))
+
+
+# -------------------------------------------------------------------------------------- GSM8K with answers
+
+
+def load_gsm8k_answers(path: str | Path = GSM8K_FILE) -> dict[str, Any]:
+    """RouteLLM's GSM8K with Mixtral's recorded answer, both models' correctness and costs, for replay.
+
+    Stricter than :func:`load_routellm`: every correctness cell must be True/False (a replay cannot
+    skip a row half-way), and the answer itself is kept, not just its length. Each model is charged for
+    its own recorded answer: prompt chars/4 at the input price, answer chars/4 at the output price.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{path} not found (RouteLLM's gsm8k_responses.csv)")
+    header, records = csv_rows(path)
+    needed = {"prompt", WEAK, STRONG, WEAK + RESPONSE_SUFFIX, STRONG + RESPONSE_SUFFIX}
+    missing = needed - set(header)
+    if missing:
+        raise ValueError(f"{path}: missing columns {sorted(missing)}")
+    col = {h: i for i, h in enumerate(header)}
+    rows = []
+    for line, record in records:
+        row = {name: record[col[name]] for name in needed}
+        if row[WEAK] not in ("True", "False") or row[STRONG] not in ("True", "False"):
+            raise ValueError(
+                f"{path}:{line}: correctness must be True/False, got {row[WEAK]!r}/{row[STRONG]!r}"
+            )
+        rows.append(row)
+    prompts = [r["prompt"] for r in rows]
+
+    def cost(model: str) -> np.ndarray:
+        answer_tokens = np.array([len(r[model + RESPONSE_SUFFIX]) for r in rows], dtype=float)
+        return estimate_costs(prompts, *PRICES_PER_M[WORKER_ALIASES[model]], answer_tokens / CHARS_PER_TOKEN)
+
+    return {
+        "prompts": prompts,
+        "weak_answers": [r[WEAK + RESPONSE_SUFFIX] for r in rows],
+        "y_weak": np.array([r[WEAK] == "True" for r in rows], dtype=float),
+        "y_strong": np.array([r[STRONG] == "True" for r in rows], dtype=float),
+        "cost_weak": cost(WEAK),
+        "cost_strong": cost(STRONG),
+    }
