@@ -44,6 +44,14 @@ async def off_loop(fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
     return await loop.run_in_executor(_HEAVY, functools.partial(fn, *args, **kwargs))
 
 
+async def heavy_if(large: bool, fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
+    """`fn` in the heavy lane when the request is large, else inline: for small work the thread hop
+    costs more than it saves."""
+    if large:
+        return await off_loop(fn, *args, **kwargs)
+    return fn(*args, **kwargs)
+
+
 def body_size(request: Request) -> int:
     """The size of the body `read_body` read for this request (0 before it ran)."""
     return getattr(request.state, _SIZE_ATTR, 0)
@@ -106,9 +114,7 @@ def validate(model: type[Model], data: dict) -> Model:
 async def read_json_object(request: Request, limit: int) -> dict:
     """Read and parse a JSON object; a body over LARGE_BODY_BYTES is parsed off the event loop."""
     raw = await read_body(request, limit)
-    if len(raw) > LARGE_BODY_BYTES:
-        return await off_loop(parse_json_object, raw)
-    return parse_json_object(raw)
+    return await heavy_if(len(raw) > LARGE_BODY_BYTES, parse_json_object, raw)
 
 
 def parse_model(model: type[Model], raw: bytes) -> Model:
@@ -118,6 +124,4 @@ def parse_model(model: type[Model], raw: bytes) -> Model:
 async def read_model(request: Request, model: type[Model], limit: int) -> Model:
     """Read, parse and validate; a body over LARGE_BODY_BYTES is parsed off the event loop."""
     raw = await read_body(request, limit)
-    if len(raw) > LARGE_BODY_BYTES:
-        return await off_loop(parse_model, model, raw)
-    return parse_model(model, raw)
+    return await heavy_if(len(raw) > LARGE_BODY_BYTES, parse_model, model, raw)

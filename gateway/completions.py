@@ -21,7 +21,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from gateway import caching, compose, memory, ratelimits
-from gateway.body import is_large, off_loop, read_model
+from gateway.body import heavy_if, is_large, read_model
 from gateway.errors import APIError, error_response
 from gateway.ledger import RequestRecord, storable_query
 from gateway.schemas import ChatCompletionRequest
@@ -504,12 +504,10 @@ async def chat_completions(request: Request) -> Response:
         spend = await budget_usage(state, key.tenant, budget)
         recalled = await memory.plan(request, state, key.tenant, chat)  # retrieval memory, or None
         memory_texts = (recalled.injected_text(),) if recalled is not None else ()
-        if is_large(request):  # detection over megabytes: off the event loop, which serves everyone
-            admission = await off_loop(
-                admission_for, state, request, key.tenant, chat, engine, spend, memory_texts
-            )
-        else:
-            admission = admission_for(state, request, key.tenant, chat, engine, spend, memory_texts)
+        # detection over megabytes: off the event loop, which serves everyone
+        admission = await heavy_if(
+            is_large(request), admission_for, state, request, key.tenant, chat, engine, spend, memory_texts
+        )
         if recalled is not None:
             recalled.withhold = withhold_above(engine, key.tenant, admission)
         headers = {**headers, **policy_headers(request_id, admission)}

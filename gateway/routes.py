@@ -9,7 +9,7 @@ from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from starlette.responses import Response
 
-from gateway.body import is_large, off_loop, read_body, read_model
+from gateway.body import heavy_if, is_large, read_body, read_model
 from gateway.collections import router as collections_router
 from gateway.completions import chat_completions
 from gateway.errors import APIError, JSONResponse
@@ -286,10 +286,10 @@ async def admin_policy_explain(request: Request) -> JSONResponse:
         spend=await _usage(state, body.tenant),
     )
     try:
-        if is_large(request):  # detection over megabytes: off the event loop
-            admission = await off_loop(engine.evaluate, policy_request, state.catalog, state.down_workers())
-        else:
-            admission = engine.evaluate(policy_request, state.catalog, state.down_workers())
+        # detection over megabytes: off the event loop
+        admission = await heavy_if(
+            is_large(request), engine.evaluate, policy_request, state.catalog, state.down_workers()
+        )
     except PolicyRequestError as exc:
         raise APIError(400, str(exc), param="data_class", code="invalid_data_class") from None
     return JSONResponse({"tenant": body.tenant, "model": body.model, **admission.explain()})

@@ -391,33 +391,33 @@ def _response_head(sock: socket.socket) -> bytes:
     return data
 
 
-def test_a_body_that_trickles_is_cut_with_408(tight, slow_upstream):
+def _head_while_trickling(port: int, start: bytes) -> bytes:
+    """Send `start` (headers and the beginning of a body), then trickle the rest of the body, and
+    return the response head: only the server's body timeout ends the wait."""
     stop = threading.Event()
-    with socket.create_connection(("127.0.0.1", tight.server.port), timeout=30) as sock:
-        sock.sendall(_head(tight, 100_000) + b'{"model": "auto", ')
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        sock.sendall(start)
         trickler = threading.Thread(target=_trickle, args=(sock, stop), daemon=True)
         trickler.start()
         try:
-            head = _response_head(sock)  # 100,000 bytes at 3 a second: only the timeout ends this
+            return _response_head(sock)
         finally:
             stop.set()
             trickler.join(timeout=10)
+
+
+def test_a_body_that_trickles_is_cut_with_408(tight, slow_upstream):
+    # 100,000 bytes at 3 a second: only the timeout ends this
+    head = _head_while_trickling(tight.server.port, _head(tight, 100_000) + b'{"model": "auto", ')
     assert head.startswith(b"HTTP/1.1 408"), head[:200]
     assert b"body_timeout" in head or b"connection: close" in head.lower()
     assert not slow_upstream.requests
 
 
 def test_body_timeout_applies_to_every_route(tight):
-    stop = threading.Event()
-    with socket.create_connection(("127.0.0.1", tight.server.port), timeout=30) as sock:
-        sock.sendall(_head(tight, 100_000, "/v1/collections/notes/search") + b'{"query": ')
-        trickler = threading.Thread(target=_trickle, args=(sock, stop), daemon=True)
-        trickler.start()
-        try:
-            head = _response_head(sock)
-        finally:
-            stop.set()
-            trickler.join(timeout=10)
+    head = _head_while_trickling(
+        tight.server.port, _head(tight, 100_000, "/v1/collections/notes/search") + b'{"query": '
+    )
     assert head.startswith(b"HTTP/1.1 408"), head[:200]
 
 
@@ -501,19 +501,11 @@ def test_serve_refuses_oversized_headers(served):
 
 def test_serve_cuts_a_trickling_body(served):
     port = int(served.rsplit(":", 1)[1])
-    stop = threading.Event()
-    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
-        sock.sendall(
-            b"POST /admin/keys HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer pr-served-admin\r\n"
-            b"Content-Type: application/json\r\nContent-Length: 60000\r\n\r\n{"
-        )
-        trickler = threading.Thread(target=_trickle, args=(sock, stop), daemon=True)
-        trickler.start()
-        try:
-            head = _response_head(sock)
-        finally:
-            stop.set()
-            trickler.join(timeout=10)
+    head = _head_while_trickling(
+        port,
+        b"POST /admin/keys HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer pr-served-admin\r\n"
+        b"Content-Type: application/json\r\nContent-Length: 60000\r\n\r\n{",
+    )
     assert head.startswith(b"HTTP/1.1 408"), head[:200]
 
 
