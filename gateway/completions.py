@@ -357,11 +357,15 @@ class Exchange:
     holds: list[Reservation] = field(default_factory=list)  # the current attempt's, together
     started: float = field(default_factory=time.perf_counter)
     memory: memory.MemoryPlan | None = None  # context from collections/session (gateway/memory.py)
-    held_micros: int = 0  # what `holds` reserve
     predicted_micros: int = 0  # the predictions of the current attempt's calls so far (`cover`)
     unsettled: Usage = field(default_factory=Usage)  # answered calls of the current attempt, not yet billed
     settled: Usage = field(default_factory=Usage)  # given-up attempts' calls, already on the budget
     settled_micros: int = 0  # ... as the budget counted them (rounded up per settle)
+
+    @property
+    def held_micros(self) -> int:
+        """What the current attempt's holds reserve."""
+        return sum(hold.micros for hold in self.holds)
 
     def remaining(self, state: AppState) -> float:
         """Seconds left of the request's deadline (POLYROUTE_REQUEST_TIMEOUT_S) for worker calls."""
@@ -404,11 +408,10 @@ class Exchange:
                 worker.name, 503, _budget_store_down(exc).message, "budget_store_unavailable"
             ) from None
         self.holds.append(reservation)
-        self.held_micros += micros
 
     async def _settle(self, state: AppState, micros: int) -> None:
         """Settle the attempt's holds with `micros` (one settles, the others are released)."""
-        holds, self.holds, self.held_micros = self.holds, [], 0
+        holds, self.holds = self.holds, []
         if not holds:
             state.stores.budgets.record(self.tenant, micros)
             return
