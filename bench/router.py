@@ -6,7 +6,15 @@ prediction, cost estimates, the decision — for each embedding backend and qual
 the extra workers' labels are derived from those two with seeded noise (only the timing matters
 here, not what they learn). Writes bench/results/router.json.
 
-    .venv/bin/python bench/router.py [--data ../shared/data/routellm] [--runs 200]
+The cascade planner's own time per step (everything but the worker calls): reading the answers held
+(kind, keys, form), the post-hoc estimate, the gain of every candidate call and set, the decision —
+for a plan holding 0 to 3 answers, with 11 and 50 workers, next to the fast router's decision
+(`router.decide.choose`) timed in the same run as the baseline. Running code answers to compare their
+behaviour (a subprocess, opt-in live) is timed apart: it is a verification step, like a worker call.
+The planner is fitted on synthetic recorded answers with the production model sizes (the timing
+depends on the trees' size and the pool, not on what they learned).
+
+    .venv/bin/python bench/router.py [--data ../shared/data/routellm] [--runs 200] [--planner-only]
 """
 
 from __future__ import annotations
@@ -17,6 +25,7 @@ import os
 import platform
 import sys
 import time
+from decimal import Decimal
 from pathlib import Path
 
 import numpy as np
@@ -93,7 +102,16 @@ def main() -> None:
         default=10,
         help="LightGBM fits one calibrated booster per worker: slow",
     )
+    parser.add_argument("--planner-only", action="store_true", help="only the planner's per-step time")
     args = parser.parse_args()
+    out = ROOT / "bench" / "results" / "router.json"
+    planner = planner_rows(args.runs)
+    if args.planner_only:
+        saved = json.loads(out.read_text()) if out.exists() else {}
+        saved["planner"] = planner
+        out.write_text(json.dumps(saved, indent=2) + "\n")
+        print(f"wrote {out.relative_to(ROOT)}")
+        return
     rng = np.random.default_rng(0)
     ds = load_routellm(args.data, parts=("mmlu", "gsm8k"))
     pick = rng.choice(len(ds.texts), size=min(args.train_rows, len(ds.texts)), replace=False)
@@ -155,7 +173,6 @@ def main() -> None:
             f"{r['cached_p99_ms']:.2f}",
         )
     Console().print(table)
-    out = ROOT / "bench" / "results" / "router.json"
     meta = {
         "machine": f"{platform.machine()}, {os.cpu_count()} cores",
         "python": platform.python_version(),
@@ -164,8 +181,110 @@ def main() -> None:
         "runs": args.runs,
         "date": time.strftime("%Y-%m-%d"),
     }
-    out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
+    out.write_text(json.dumps({"meta": meta, "rows": rows, "planner": planner}, indent=2) + "\n")
     print(f"wrote {out.relative_to(ROOT)}")
+
+
+MC_QUERY = "Which gas do plants take in?\nA) oxygen\nB) carbon dioxide\nC) helium\nD) neon\nAnswer:"
+CODE_QUERY = "Write a function to remove all elements from a given list present in another list."
+CODE_ANSWERS = [
+    "```python\ndef remove(a, b):\n    return [x for x in a if x not in b]\n\nprint(remove([1, 2, 3], [2]))\n```",
+    "[PYTHON]\ndef f(xs, ys):\n    out = []\n    for x in xs:\n        if x not in ys:\n            out.append(x)\n"
+    "    return out\n[/PYTHON]\n[TESTS]\nassert f([1, 2], [1]) == [2]\n[/TESTS]",
+    "```python\ndef g(a, b):\n    return list(set(a) - set(b))\n```",
+]
+
+
+def _percentiles(samples: list[float]) -> tuple[float, float]:
+    return float(np.percentile(samples, 50)), float(np.percentile(samples, 99))
+
+
+def planner_rows(runs: int) -> list[dict]:
+    """The planner's per-step time by answers held and pool size, with the fast decision as baseline."""
+    from router.code_behaviour import behaviour_keys
+    from router.decide import Estimate, choose
+    from router.evidence import read_answers
+    from router.offline.book import AnswerBook
+    from router.offline.planner_fit import Recorded, fit_planner
+    from router.planner import State
+
+    rows = []
+    rng = np.random.default_rng(0)
+    for n_workers in (11, 50):
+        accuracy = np.linspace(0.55, 0.95, n_workers)
+        answers, labels = [], []
+        for _ in range(120 if n_workers == 11 else 60):
+            right = "ABCD"[rng.integers(4)]
+            ok = rng.random(n_workers) < accuracy
+            answers.append([right if o else "ABCD"[rng.integers(4)] for o in ok])
+            labels.append(ok.astype(float))
+        book = AnswerBook([MC_QUERY] * len(answers), answers)
+        rec = Recorded.from_priors(book, np.tile(accuracy, (len(answers), 1)), np.array(labels))
+        planner = fit_planner(rec, k=2, seed=0).final
+        log_odds = np.log(accuracy / (1 - accuracy))
+        costs = np.linspace(0.1, 20.0, n_workers)
+        estimates = [
+            Estimate(f"w{k}", float(a), Decimal(str(c)))
+            for k, (a, c) in enumerate(zip(accuracy, costs, strict=True))
+        ]
+        baseline = []
+        for _ in range(runs):
+            started = time.perf_counter()
+            choose(estimates, 0.5)
+            baseline.append(1000 * (time.perf_counter() - started))
+        base_p50, _ = _percentiles(baseline)
+        for held in range(4):
+            called = tuple(int(k) for k in rng.choice(n_workers, size=held, replace=False))
+            texts = ["ABCD"[k % 4] for k in called]
+            samples = []
+            for _ in range(runs):
+                started = time.perf_counter()
+                state = State(
+                    read_answers(MC_QUERY, texts).kind,
+                    called,
+                    read_answers(MC_QUERY, texts) if held else None,
+                )
+                planner.decide(state, log_odds, costs, 0.1)
+                samples.append(1000 * (time.perf_counter() - started))
+            p50, p99 = _percentiles(samples)
+            rows.append(
+                {
+                    "workers": n_workers,
+                    "answers_held": held,
+                    "step_p50_ms": round(p50, 3),
+                    "step_p99_ms": round(p99, 3),
+                    "fast_decision_p50_ms": round(base_p50, 3),
+                    "ratio_to_fast_decision": round(p50 / base_p50, 1),
+                }
+            )
+            print(rows[-1], flush=True)
+    samples = []
+    for _ in range(max(5, runs // 20)):
+        started = time.perf_counter()
+        behaviour_keys(CODE_QUERY, CODE_ANSWERS)
+        samples.append(1000 * (time.perf_counter() - started))
+    p50, p99 = _percentiles(samples)
+    rows.append(
+        {"code_behaviour_3_answers_p50_ms": round(p50, 1), "code_behaviour_3_answers_p99_ms": round(p99, 1)}
+    )
+    print(rows[-1], flush=True)
+    table = Table(title="cascade planner: own time per step (ms), worker calls excluded")
+    for column in ("workers", "answers held", "p50", "p99", "fast decision p50", "ratio"):
+        table.add_column(column, justify="right")
+    for r in rows[:-1]:
+        table.add_row(
+            str(r["workers"]),
+            str(r["answers_held"]),
+            f"{r['step_p50_ms']:.3f}",
+            f"{r['step_p99_ms']:.3f}",
+            f"{r['fast_decision_p50_ms']:.3f}",
+            f"{r['ratio_to_fast_decision']:.1f}x",
+        )
+    Console().print(table)
+    Console().print(
+        f"running 3 code answers to compare behaviour (subprocess): p50 {p50:.1f} ms, p99 {p99:.1f} ms"
+    )
+    return rows
 
 
 def _builder(artifact):

@@ -318,6 +318,18 @@ def router_train(
     from_ledger: Annotated[
         bool, typer.Option("--from-ledger", help="train on the ledger's feedback")
     ] = False,
+    fmt: Annotated[
+        str | None,
+        typer.Option("--format", help="train on --train files of this format (routerbench, llmrouter)"),
+    ] = None,
+    train_files: Annotated[list[Path] | None, typer.Option("--train", help="data file, repeatable")] = None,
+    strategy: Annotated[
+        str,
+        typer.Option(
+            help="fast: a query-only model; cascade: also the answer-aware planner (needs recorded answers: "
+            "--format routerbench files, or --dataset routellm for its GSM8K answers)"
+        ),
+    ] = "fast",
     map_: Annotated[
         list[str] | None, typer.Option("--map", help="DATASET_WORKER=CATALOG_WORKER, repeatable")
     ] = None,
@@ -338,8 +350,20 @@ def router_train(
     from policies import load_catalog
     from router import save_artifact, train_artifact
 
-    if bool(dataset) == from_ledger:
-        console.print("[red]give exactly one of --dataset routellm or --from-ledger[/]")
+    if strategy not in ("fast", "cascade"):
+        raise typer.BadParameter("use fast or cascade", param_hint="--strategy")
+    if sum((bool(dataset), from_ledger, fmt is not None)) != 1:
+        console.print(
+            "[red]give exactly one of --dataset routellm, --format FORMAT --train FILE, or --from-ledger[/]"
+        )
+        raise typer.Exit(2)
+    if strategy == "cascade":
+        _train_cascade(
+            dataset, data, fmt, train_files or [], map_, backend, model, seed, activate, router_dir, data_dir
+        )
+        return
+    if fmt is not None:
+        console.print("[red]--format trains the cascade planner: add --strategy cascade[/]")
         raise typer.Exit(2)
     if dataset is not None and dataset != "routellm":
         console.print(f"[red]unknown dataset {dataset!r}[/] (known: routellm)")
@@ -422,6 +446,87 @@ def router_train(
     )
 
 
+def _train_cascade(
+    dataset: str | None,
+    data: Path | None,
+    fmt: str | None,
+    files: list[Path],
+    map_: list[str] | None,
+    backend: str,
+    model: str,
+    seed: int,
+    activate: bool,
+    router_dir: Path | None,
+    data_dir: Path | None,
+) -> None:
+    """`router train --strategy cascade`: the prior and the planner, on files or GSM8K that record answers."""
+    import dataclasses
+    import time
+
+    import numpy as np
+
+    from router import save_artifact
+    from router.offline import load_format
+    from router.offline.pool_cascade import NoAnswers, train_cascade
+    from router.offline.routellm import STRONG, WEAK, load_gsm8k_answers
+
+    renames = {}
+    for item in map_ or []:
+        source, sep, target = item.partition("=")
+        if not sep or not source or not target:
+            console.print(f"[red]--map takes DATASET_WORKER=CATALOG_WORKER, got {item!r}[/]")
+            raise typer.Exit(2)
+        renames[source] = target
+    try:
+        if fmt is not None:
+            if not files:
+                raise typer.BadParameter("--format needs --train FILE", param_hint="--train")
+            ds = load_format(fmt, files)
+            sources = {"format": fmt, "files": [str(f) for f in files], "renamed": renames}
+        elif dataset == "routellm":
+            from router.offline.dataset import RoutingDataset
+
+            answers = load_gsm8k_answers(_routellm_root(data) / "gsm8k" / "gsm8k_responses.csv")
+            ds = RoutingDataset(
+                name="gsm8k",
+                texts=answers["prompts"],
+                workers=[WEAK, STRONG],
+                labels=np.column_stack([answers["y_weak"], answers["y_strong"]]),
+                groups=["gsm8k"] * len(answers["prompts"]),
+                turns=[1] * len(answers["prompts"]),
+                responses=[
+                    list(p) for p in zip(answers["weak_answers"], answers["strong_answers"], strict=True)
+                ],
+            )
+            sources = {"dataset": "routellm/gsm8k", "renamed": renames}
+        else:
+            console.print(f"[red]unknown dataset {dataset!r}[/] (known: routellm)")
+            raise typer.Exit(2)
+        ds = dataclasses.replace(ds, workers=[renames.get(w, w) for w in ds.workers])
+        started = time.perf_counter()
+        console.print(f"training the planner on {len(ds)} queries × {len(ds.workers)} workers")
+
+        def say(stage: str) -> None:
+            console.print(f"[dim]{time.perf_counter() - started:6.1f}s[/] {stage}")
+
+        artifact = train_cascade(
+            ds,
+            backend=backend,
+            model="ensemble" if model == "auto" else model,
+            seed=seed,
+            sources=sources,
+            say=say,
+        )
+    except (NoAnswers, ValueError, FileNotFoundError) as exc:
+        console.print(f"[red]{exc}[/]")
+        raise typer.Exit(1) from None
+    directory = save_artifact(_router_dir(router_dir, data_dir), artifact, activate=activate)
+    console.print(
+        f"[green]saved[/] router {artifact.version} (prior {artifact.card.get('model')} + cascade planner) in "
+        f"{directory}" + (" — now in force" if activate else " — not activated")
+    )
+
+
 @router_app.command("status")
 def router_status(
     router_dir: Annotated[Path | None, typer.Option(help="model store [default: <data dir>/router]")] = None,
@@ -492,7 +597,11 @@ def router_eval(
     out: Annotated[Path | None, typer.Option(help="result JSON")] = None,
     plot: Annotated[Path | None, typer.Option(help="curves PNG")] = None,
     strategy: Annotated[
-        str, typer.Option(help="fast (route one worker) or cascade (replay GSM8K: Mixtral, then GPT-4)")
+        str,
+        typer.Option(
+            help="fast (route one worker) or cascade (the answer-aware planner, replayed on recorded answers: "
+            "the --format files', or RouteLLM's GSM8K)"
+        ),
     ] = "fast",
     save_acceptance: Annotated[
         bool,
@@ -510,11 +619,11 @@ def router_eval(
     """
     if strategy not in ("fast", "cascade"):
         raise typer.BadParameter("use fast or cascade", param_hint="--strategy")
+    if fmt is not None:
+        _router_eval_files(fmt, train or [], test or [], prices, backend, model, seed, out, plot, strategy)
+        return
     if strategy == "cascade":
         _router_eval_cascade(data, seed, out, plot, save_acceptance, data_dir)
-        return
-    if fmt is not None:
-        _router_eval_files(fmt, train or [], test or [], prices, backend, model, seed, out, plot)
         return
     if dataset != "routellm":
         console.print(f"[red]unknown dataset {dataset!r}[/] (known: routellm)")
@@ -562,6 +671,7 @@ def _router_eval_files(
     seed: int,
     out: Path | None,
     plot: Path | None,
+    strategy: str = "fast",
 ) -> None:
     """`router eval --format`: any files of a known format; a bad file is one red line naming file:line."""
     from router.offline import FORMATS, run_pool_eval
@@ -575,7 +685,18 @@ def _router_eval_files(
     if model not in MODELS:
         raise typer.BadParameter(f"use auto or one of {', '.join(MODELS)}", param_hint="--model")
     try:
-        run_pool_eval(fmt, train, test, out, plot, prices=prices, backend=backend, model=model, seed=seed)
+        run_pool_eval(
+            fmt,
+            train,
+            test,
+            out,
+            plot,
+            strategy=strategy,
+            prices=prices,
+            backend=backend,
+            model=model,
+            seed=seed,
+        )
     except (ValueError, FileNotFoundError) as exc:
         console.print(f"[red]{exc}[/]")
         raise typer.Exit(1) from None

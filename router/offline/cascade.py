@@ -1,26 +1,20 @@
-"""The cascade strategy: call a cheap worker first, read its answer, and escalate only when it looks wrong.
+"""The cascade on RouteLLM's GSM8K answers: the planner (router/planner.py) over two workers.
 
-Replayed on recorded answers, so no worker is called: each plan is charged for every answer it would
-have obtained. Today one replay is registered, on RouteLLM's GSM8K responses (Mixtral-8x7B first,
-GPT-4 on escalation):
+RouteLLM's GSM8K file records both Mixtral-8x7B's and GPT-4's answers, so the same planner that
+routes N workers replays here with N = 2: Mixtral answers first, and the planner's expected gain from
+also asking GPT-4 (router/planner.py, from the post-hoc estimate of Mixtral's answer: its form, its
+arithmetic re-done, the prior) decides the escalation. The planner escalates when gain > λ·price
+(GPT-4's price is the pool's highest, so 1), so sweeping λ is sweeping a threshold on the gain, and
+the curve is summarised by RouteLLM's APGR over the share of queries escalated; an escalation pays for
+both answers. Everything is cross-fitted (k folds: each query is planned by models — prior, post-hoc
+estimator, gain — that never saw it), so every one of the 1,319 questions is a held-out point.
 
-The acceptance model (router/compose/acceptance.py, the one the gateway's cascade runs) scores
-Mixtral's recorded answer (query + answer features), and below a threshold the query escalates to
-GPT-4 — paying for both. Scores are cross-fitted (k folds: each query is scored by a model that never
-saw it), so every one of the 1,319 questions is a held-out test point. Next to it, on the same queries
-and prices:
-
-- the fast router: the learned quality model from the query alone (no answer seen), routing to
-  GPT-4 when P(Mixtral right) is low — it pays for one model per query;
-- random routing, always-weak, always-strong, and two oracles (fast: knows which model is right;
-  cascade: a perfect verifier).
-
-Costs per query: prompt tokens ≈ chars/4 at each model's input price, output tokens ≈ the recorded
-answer's chars/4 at its output price (Mixtral $0.24/$0.24, GPT-4-1106 $10/$30 per 1M, SOURCE.md).
-
-A replay over N workers on files (RouterBench records every model's answer) belongs here too, as an
-N-worker strategy beside :func:`router.offline.single.evaluate_pool`, registered in
-:data:`router.offline.harness.POOL_STRATEGIES`.
+Next to it, on the same queries and prices: the previous acceptance model alone (FrugalGPT-style
+features, router/compose/acceptance.py), the fast router (the query alone, paying for one model),
+random routing, always-weak, always-strong, and two oracles (fast: knows which model is right;
+cascade: a perfect verifier). Costs per query: prompt tokens ≈ chars/4 at each model's input price,
+output tokens ≈ the recorded answer's chars/4 at its output price (Mixtral $0.24/$0.24, GPT-4-1106
+$10/$30 per 1M, SOURCE.md).
 """
 
 from __future__ import annotations
@@ -31,9 +25,12 @@ from typing import Any
 import numpy as np
 
 from router.compose.acceptance import AcceptanceModel
+from router.offline.book import AnswerBook
 from router.offline.metrics import baselines, evaluate_router
+from router.offline.planner_fit import Recorded, fit_planner
 from router.offline.routellm import GSM8K_FILE, PRICES_PER_M, STRONG, WEAK, WORKER_ALIASES, load_gsm8k_answers
 from router.offline.split import cross_fit
+from router.planner import State
 
 
 def cross_fitted_acceptance(data: dict[str, Any], k: int = 5, seed: int = 0) -> np.ndarray:
@@ -50,7 +47,8 @@ def cross_fitted_acceptance(data: dict[str, Any], k: int = 5, seed: int = 0) -> 
 
 
 def cross_fitted_fast(data: dict[str, Any], k: int = 5, seed: int = 0, backend: str = "static") -> np.ndarray:
-    """P(Mixtral right | query alone) from the fast router's quality model, cross-fitted the same way."""
+    """P(each model right | query alone), [n, 2] (Mixtral, GPT-4), from the fast router's quality model,
+    cross-fitted the same way."""
     from router.training import feature_builder, fit_quality
 
     n = len(data["prompts"])
@@ -59,7 +57,7 @@ def cross_fitted_fast(data: dict[str, Any], k: int = 5, seed: int = 0, backend: 
 
     def fit_score(train: np.ndarray, fold: np.ndarray) -> np.ndarray:
         fitted, _ = fit_quality(X[train], labels[train], "logreg", seed)
-        return np.asarray(fitted.predict(X[fold]))[:, 0]
+        return np.asarray(fitted.predict(X[fold]))
 
     return cross_fit(n, k, seed, fit_score)
 
@@ -81,13 +79,16 @@ def evaluate_gsm8k_cascade(
     data = load_gsm8k_answers(path)
     yw, ys, cw, cs = data["y_weak"], data["y_strong"], data["cost_weak"], data["cost_strong"]
     accept = cross_fitted_acceptance(data, k, seed)
-    fast = cross_fitted_fast(data, k, seed)
+    priors = cross_fitted_fast(data, k, seed)
+    fast = priors[:, 0]
+    gain, posthoc = planner_escalation(data, priors, k, seed)
     from sklearn.metrics import roc_auc_score
 
     results = {
         # escalation = the "strong" choice, and it pays for both answers
-        "cascade": evaluate_router(
-            "cascade", 1 - accept, yw, ys, cw, cw + cs, bootstrap=bootstrap, seed=seed
+        "cascade": evaluate_router("cascade", gain, yw, ys, cw, cw + cs, bootstrap=bootstrap, seed=seed),
+        "acceptance_model": evaluate_router(
+            "acceptance_model", 1 - accept, yw, ys, cw, cw + cs, bootstrap=bootstrap, seed=seed
         ),
         "fast_router": evaluate_router(
             "fast_router", 1 - fast, yw, ys, cw, cs, bootstrap=bootstrap, seed=seed
@@ -96,7 +97,7 @@ def evaluate_gsm8k_cascade(
         **baselines(yw, ys, cw, cs, random_state=seed),
     }
     strong_acc, strong_cost = float(ys.mean()), float(cs.mean())
-    for name in ("cascade", "fast_router"):
+    for name in ("cascade", "acceptance_model", "fast_router"):
         curve = results[name]["curve"]
         reaching = [p for p in curve if p["accuracy"] >= strong_acc - 1e-12]
         results[name]["cost_share_to_match_strong"] = (
@@ -114,9 +115,31 @@ def evaluate_gsm8k_cascade(
         "strong": STRONG,
         "prices_per_m": {m: list(PRICES_PER_M[WORKER_ALIASES[m]]) for m in (WEAK, STRONG)},
         "acceptance_auc": float(roc_auc_score(yw, accept)),
+        "posthoc_auc": float(roc_auc_score(yw, posthoc)),
         "fast_router_auc": float(roc_auc_score(yw, fast)),
         "results": {name: _compact(r) for name, r in results.items()},
     }
+
+
+def planner_escalation(
+    data: dict[str, Any], priors: np.ndarray, k: int = 5, seed: int = 0
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per query, cross-fitted: the planner's expected gain from asking GPT-4 once Mixtral has answered
+    (its escalation score), and the post-hoc P(Mixtral's answer is right)."""
+    labels = np.column_stack([data["y_weak"], data["y_strong"]])
+    book = AnswerBook(
+        data["prompts"], [[w, s] for w, s in zip(data["weak_answers"], data["strong_answers"], strict=True)]
+    )
+    rec = Recorded.from_priors(book, priors, labels)
+    planners = fit_planner(rec, k=k, seed=seed)
+    gain, posthoc = np.empty(len(book)), np.empty(len(book))
+    for i in range(len(book)):
+        planner = planners.for_row(i)
+        state = State(book.kind(i, [0]), (0,), book.read(i, [0]))
+        scores = planner.answer_scores(state, rec.log_odds[i])
+        posthoc[i] = scores[0]
+        gain[i] = planner.call_values(state, scores, rec.log_odds[i], [(1,)], [1])[0]
+    return gain, posthoc
 
 
 def fit_and_save_acceptance(path: str | Path, out: str | Path, seed: int = 0) -> Path:

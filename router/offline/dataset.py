@@ -47,6 +47,9 @@ class RoutingDataset:
     # USD per (question, worker) where the source records it (RouterBench) or prices it (LLMRouter);
     # None when the dataset carries no costs (RouteLLM: the evaluation estimates them from tokens).
     costs: np.ndarray | None = None
+    # Each worker's recorded answer per question (RouterBench, GSM8K), for replaying answer-aware plans;
+    # None when the source records only scores.
+    responses: list[list[str]] | None = None
 
     def __post_init__(self) -> None:
         n, k = len(self.texts), len(self.workers)
@@ -70,6 +73,10 @@ class RoutingDataset:
             if costs.shape != (n, k):
                 raise ValueError(f"costs has shape {costs.shape}, expected ({n}, {k})")
             object.__setattr__(self, "costs", costs)
+        if self.responses is not None and (
+            len(self.responses) != n or any(len(r) != k for r in self.responses)
+        ):
+            raise ValueError(f"responses must be {n} rows of {k} answers")
 
     def __len__(self) -> int:
         return len(self.texts)
@@ -106,6 +113,7 @@ class RoutingDataset:
             ids=[self.ids[i] for i in rows],
             response_chars=self.response_chars[index],
             costs=None if self.costs is None else self.costs[index],
+            responses=None if self.responses is None else [self.responses[i] for i in rows],
         )
 
     def in_worker_order(self, workers: Sequence[str]) -> RoutingDataset:
@@ -122,6 +130,7 @@ class RoutingDataset:
             meta=self.meta,
             ids=self.ids,
             costs=None if self.costs is None else self.costs[:, order],
+            responses=None if self.responses is None else [[r[j] for j in order] for r in self.responses],
         )
 
 
@@ -134,6 +143,7 @@ def single_turn(
     ids: list[str],
     costs: np.ndarray,
     meta: dict[str, Any],
+    responses: list[list[str]] | None = None,
 ) -> RoutingDataset:
     """One single-turn dataset from parsed rows (labels: a list of per-row score lists)."""
     return RoutingDataset(
@@ -146,6 +156,7 @@ def single_turn(
         ids=ids,
         costs=costs,
         meta=meta,
+        responses=responses,
     )
 
 

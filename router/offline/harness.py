@@ -5,13 +5,15 @@ Three runs, one per kind of data (`polyroute router eval` calls them; each retur
 * :func:`run_routellm_eval` — RouteLLM, 2 workers, the single strategy on four held-out splits (APGR/CPT);
 * :func:`run_gsm8k_cascade` — RouteLLM's GSM8K answers, 2 workers, the cascade replayed (APGR/CPT);
 * :func:`run_pool_eval` — RouterBench / LLMRouter files, N workers (AIQ), with the strategy looked up in
-  :data:`POOL_STRATEGIES` by the CLI's ``--strategy`` name. ``fast`` is the single strategy; a cascade
-  replay over N workers is added there as another :class:`PoolStrategy` (see router/offline/cascade.py).
+  :data:`POOL_STRATEGIES` by the CLI's ``--strategy`` name: ``fast`` is the single strategy
+  (router/offline/single.py), ``cascade`` the answer-aware planner replayed on the recorded answers
+  (router/offline/pool_cascade.py); files without answers fall back to ``fast`` and say so.
 """
 
 from __future__ import annotations
 
 import argparse
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +23,8 @@ from router.offline.cascade import evaluate_gsm8k_cascade
 from router.offline.dataset import RoutingDataset
 from router.offline.formats import load_format
 from router.offline.plots import plot_cost_curves, plot_frontier, plot_splits
+from router.offline.pool_cascade import DECISION as CASCADE_DECISION
+from router.offline.pool_cascade import NoAnswers, evaluate_cascade
 from router.offline.report import (
     console_for,
     jsonable,
@@ -166,8 +170,11 @@ class PoolStrategy:
     decision: str
 
 
-# Keyed by `router eval --strategy`. The cascade over N workers registers here.
-POOL_STRATEGIES: dict[str, PoolStrategy] = {"fast": PoolStrategy(evaluate_pool, DECISION)}
+# Keyed by `router eval --strategy`.
+POOL_STRATEGIES: dict[str, PoolStrategy] = {
+    "fast": PoolStrategy(evaluate_pool, DECISION),
+    "cascade": PoolStrategy(evaluate_cascade, CASCADE_DECISION),
+}
 
 
 def _meta(ds: RoutingDataset) -> dict:
@@ -198,10 +205,33 @@ def run_pool_eval(
     console = console or console_for(stderr=True)
     train = load_format(fmt, train_files, prices)
     test = load_format(fmt, test_files, prices)
-    body = chosen.evaluate(train, test, feature_builder(backend), model=model, seed=seed, progress=progress)
+    note = None
+    features = feature_builder(backend)
+    if strategy == "cascade" and (train.responses is None or test.responses is None):
+        note = (
+            f"{fmt} files record no worker answers: an answer-aware plan cannot be replayed on them, "
+            "so single routing (strategy fast) was evaluated instead"
+        )
+        console.print(f"[yellow]{note}[/]")
+        strategy, chosen = "fast", POOL_STRATEGIES["fast"]
+    try:
+        if strategy == "cascade":
+            started = time.perf_counter()
+
+            def say(stage: str) -> None:
+                if progress:
+                    console.print(f"[dim]{time.perf_counter() - started:6.1f}s[/] {stage}")
+
+            body = chosen.evaluate(train, test, features, model=model, seed=seed, progress=progress, say=say)
+        else:
+            body = chosen.evaluate(train, test, features, model=model, seed=seed, progress=progress)
+    except NoAnswers as exc:  # pragma: no cover - guarded above
+        raise ValueError(str(exc)) from None
     report = jsonable(
         {
             "format": fmt,
+            "strategy": strategy,
+            **({"note": note} if note else {}),
             "train_files": [str(f) for f in train_files],
             "test_files": [str(f) for f in test_files],
             "backend": backend,
@@ -209,8 +239,8 @@ def run_pool_eval(
             **body,
             "definitions": {
                 "aiq": "area under the non-decreasing convex hull of (cost, accuracy) points from the "
-                "router's cheapest point, extended flat to max_cost_usd (the largest cost among all compared "
-                "routers and single models), divided by max_cost_usd (RouterBench)",
+                "router's cheapest point, extended flat to max_cost_usd (the dearest single model's mean "
+                "cost; a cascade's points beyond it are left out), divided by max_cost_usd (RouterBench)",
                 "best_accuracy_at_cost_of_best_single": "best test accuracy among our λ points costing at most "
                 "best_single's cost (no mixing of points)",
                 "cost_ratio_at_best_single_accuracy": "lowest cost among our λ points reaching best_single's "

@@ -225,13 +225,16 @@ def single_workers(data: PoolData) -> dict[str, dict]:
 
 
 def score_aiq(routers: dict[str, dict], singles: dict[str, dict]) -> float:
-    """Set ``aiq`` on every router and single worker, on one cost axis; returns its end (max cost)."""
-    max_cost = max(
-        max(p["cost_usd"] for r in routers.values() for p in r["curve"]),
-        max(s["cost_usd"] for s in singles.values()),
-    )
+    """Set ``aiq`` on every router and single worker, on one cost axis; returns its end (max cost).
+
+    The axis ends at the dearest single worker. A router choosing one worker per query never goes past
+    it; a cascade can (it pays for several answers), and its points beyond are left out of its AIQ, so
+    spending more than any single model earns a cascade nothing and moves nobody else's AIQ."""
+    max_cost = max(s["cost_usd"] for s in singles.values())
     for r in routers.values():
-        r["aiq"] = aiq(cost_accuracy(r["curve"]), max_cost)
+        points = cost_accuracy(r["curve"])
+        within = points[points[:, 0] <= max_cost * (1 + 1e-9)]
+        r["aiq"] = aiq(within, max_cost) if len(within) else 0.0
     for s in singles.values():
         s["aiq"] = aiq(np.array([[s["cost_usd"], s["accuracy"]]]), max_cost)
     return max_cost

@@ -103,8 +103,10 @@ def print_pool_summary(report: dict, console: Any) -> None:
         table.add_column(col, justify="left" if col == "router" else "right")
     for name, s in sorted(report["singles"].items(), key=lambda kv: kv[1]["cost_usd"]):
         table.add_row(name, f"{s['accuracy']:.3f}", f"{1000 * s['cost_usd']:.4f}", f"{s['aiq']:.4f}")
-    for name in ("random", "cheapest", "best_single", "knn", "oracle", "ours"):
-        r = report["routers"][name]
+    for name in ("random", "cheapest", "best_single", "agreement_rule", "knn", "single", "oracle", "ours"):
+        r = report["routers"].get(name)
+        if r is None:
+            continue
         if r.get("lambda_independent"):
             acc, cost = f"{r['accuracy']:.3f}", f"{1000 * r['cost_usd']:.4f}"
         else:
@@ -123,6 +125,12 @@ def print_pool_summary(report: dict, console: Any) -> None:
         f"cost ratio at its accuracy: {'never reached' if ratio is None else f'{ratio:.3f}'}; "
         f"validated λ={op['lambda']:g}: accuracy {op['test_accuracy']:.3f} at ${op['test_cost_usd']:.6f}"
     )
+    if "calls_per_query" in op:
+        console.print(
+            f"at that λ: {op['calls_per_query']:.2f} workers called per query, "
+            f"{op['rounds_per_query']:.2f} rounds; plans stopping after n rounds: "
+            + ", ".join(f"{k}: {v:.1%}" for k, v in op["stop_shares"].items())
+        )
 
 
 def print_cascade_table(report: dict, console: Any) -> None:
@@ -131,7 +139,7 @@ def print_cascade_table(report: dict, console: Any) -> None:
 
     table = Table("router", "APGR", "95% CI", "strong share for 80% of gap", "cost there / always-strong")
     strong_cost = report["results"]["always_strong"]["cost_usd"]
-    for name in ("cascade", "fast_router", "cascade_oracle", "random", "oracle"):
+    for name in ("cascade", "acceptance_model", "fast_router", "cascade_oracle", "random", "oracle"):
         r = report["results"][name]
         ci = r.get("apgr_ci95")
         table.add_row(

@@ -431,6 +431,7 @@ def load_gsm8k_answers(path: str | Path = GSM8K_FILE) -> dict[str, Any]:
     return {
         "prompts": prompts,
         "weak_answers": [r[WEAK + RESPONSE_SUFFIX] for r in rows],
+        "strong_answers": [r[STRONG + RESPONSE_SUFFIX] for r in rows],
         "y_weak": np.array([r[WEAK] == "True" for r in rows], dtype=float),
         "y_strong": np.array([r[STRONG] == "True" for r in rows], dtype=float),
         "cost_weak": cost(WEAK),

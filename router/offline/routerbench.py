@@ -48,6 +48,19 @@ def _last_message(raw: str, where: str) -> str:
     return value[-1]
 
 
+def _response(raw: str) -> str:
+    """A recorded answer: the cell is a stringified one-element Python list; the text itself otherwise."""
+    text = raw.strip()
+    if text.startswith("["):
+        try:
+            value = ast.literal_eval(text)
+        except (ValueError, SyntaxError, MemoryError, RecursionError):
+            return raw
+        if isinstance(value, list) and value and isinstance(value[-1], str):
+            return value[-1]
+    return raw
+
+
 def load_routerbench(files: Sequence[str | Path]) -> RoutingDataset:
     """RouterBench CSVs (one or more, same models) as one dataset; rows in file order."""
     if not files:
@@ -59,6 +72,8 @@ def load_routerbench(files: Sequence[str | Path]) -> RoutingDataset:
     prompt_chars: list[int] = []
     labels: list[list[float]] = []
     costs: list[list[float]] = []
+    responses: list[list[str]] = []
+    has_responses = True
     blank: Counter[str] = Counter()
     for file in files:
         path = Path(file)
@@ -79,6 +94,7 @@ def load_routerbench(files: Sequence[str | Path]) -> RoutingDataset:
                 f"{path}:1: models {sorted(models)} differ from the first file's {sorted(workers)}"
             )
         col = {h: i for i, h in enumerate(header)}
+        has_responses = has_responses and all(m + RESPONSE_SUFFIX in col for m in workers)
         id_col = col.get("sample_id")
         for ordinal, (line, record) in enumerate(rows):
             where = f"{path}:{line}"
@@ -99,6 +115,8 @@ def load_routerbench(files: Sequence[str | Path]) -> RoutingDataset:
             ids.append(record[id_col].strip() if id_col is not None else f"{path.stem}:{ordinal}")
             labels.append(row_labels)
             costs.append(row_costs)
+            if has_responses:
+                responses.append([_response(record[col[m + RESPONSE_SUFFIX]]) for m in workers])
     assert workers is not None
     return single_turn(
         "routerbench",
@@ -114,5 +132,7 @@ def load_routerbench(files: Sequence[str | Path]) -> RoutingDataset:
             "blank_score_cells": dict(blank),
             "prompt_chars": prompt_chars,
             "text": "last paragraph of the last message (few-shot examples dropped)",
+            "responses": has_responses,
         },
+        responses if has_responses else None,
     )

@@ -294,8 +294,13 @@ def folds(n: int, k: int, seed: int) -> list[np.ndarray]:
 def cross_fit(
     n: int, k: int, seed: int, fit_score: Callable[[np.ndarray, np.ndarray], np.ndarray]
 ) -> np.ndarray:
-    """One score per row, each from ``fit_score(train rows, fold rows)`` fitted without that row's fold."""
-    scores = np.empty(n)
+    """One score per row (or one row of scores), each from ``fit_score(train rows, fold rows)`` fitted
+    without that row's fold."""
+    scores: np.ndarray | None = None
     for fold in folds(n, k, seed):
-        scores[fold] = fit_score(np.setdiff1d(np.arange(n), fold), fold)
+        part = np.asarray(fit_score(np.setdiff1d(np.arange(n), fold), fold), dtype=float)
+        if scores is None:
+            scores = np.empty((n, *part.shape[1:]))
+        scores[fold] = part
+    assert scores is not None
     return scores

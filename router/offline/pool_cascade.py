@@ -1,0 +1,280 @@
+"""The cascade strategy over N workers on held-out files: answer-aware plans replayed on recorded answers.
+
+`polyroute router eval --format routerbench --strategy cascade` lands here. On the training files it
+fits, all cross-fitted (router/offline/planner_fit.py):
+
+* the query-only quality model (``--model``, today's fast router): the planner's priors, and on its
+  own the ``single`` router of the report;
+* the cost model, whose predictions the planner decides with;
+* the post-hoc estimator and the value model of router/planner.py.
+
+It then replays the plans on the test files at every λ (router/offline/replay.py), charging each
+query for every worker its plan called, and reports them as ``ours`` next to ``single``, the
+baselines of router/offline/pool.py and the fixed agreement rule. The operating λ is chosen on the
+cross-fitted replay of the *training* files (each query planned by models that never saw it): the
+cheapest λ whose validation accuracy reaches the best single worker's.
+
+Formats that record no answers (LLMRouter) cannot be replayed answer-aware: the harness says so and
+evaluates single routing instead (:class:`NoAnswers`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from router.costs import CostModel
+from router.evidence import logit
+from router.offline.book import AnswerBook
+from router.offline.code_runs import code_runs_for
+from router.offline.dataset import RoutingDataset
+from router.offline.metrics import DEFAULT_LAMBDAS, lambda_curve
+from router.offline.planner_fit import Recorded, fit_planner
+from router.offline.pool import (
+    PoolData,
+    Validation,
+    baseline_routers,
+    best_and_cheapest,
+    constant_router,
+    cost_model_report,
+    fit_quality_model,
+    goal_metrics,
+    score_aiq,
+    shares,
+    single_workers,
+    swept_router,
+)
+from router.offline.replay import Replay, agreement_rule, replay
+from router.offline.split import cross_fit
+
+FOLDS = 5
+DECISION = (
+    "per query, a plan: at each step call the worker whose expected final quality − λ·its predicted "
+    "cost / the pool's most expensive is highest, or stop and return the answer the post-hoc estimator "
+    "rates best when that is worth more; every worker called is charged"
+)
+# The rule of issue 13: ask Mixtral and Yi-34B; accept when they agree, else ask the best single worker.
+RULE_VOTERS = ("mistralai/mixtral-8x7b-chat", "zero-one-ai/Yi-34B-Chat")
+
+
+class NoAnswers(ValueError):
+    """The files record no worker answers, so an answer-aware plan cannot be replayed on them."""
+
+
+def _log_odds(p: np.ndarray) -> np.ndarray:
+    return np.vectorize(logit, otypes=[float])(np.nan_to_num(np.asarray(p, dtype=float), nan=0.5))
+
+
+def _rule_voters(train: RoutingDataset, best: int) -> tuple[int, int]:
+    """The issue's voters when present; else the two most accurate workers costing under a fifth of the
+    best single worker (the same shape of rule on any pool)."""
+    if all(v in train.workers for v in RULE_VOTERS):
+        return train.workers.index(RULE_VOTERS[0]), train.workers.index(RULE_VOTERS[1])
+    assert train.costs is not None
+    acc, cost = np.nanmean(train.labels, axis=0), np.nanmean(train.costs, axis=0)
+    cheap = [j for j in np.argsort(-acc) if j != best and cost[j] < cost[best] / 5]
+    if len(cheap) < 2:
+        cheap = [j for j in np.argsort(-acc) if j != best]
+    return int(cheap[0]), int(cheap[1])
+
+
+def _curve(run: Replay) -> list[dict]:
+    curve = lambda_curve(run.accuracy(), run.mean_cost(), run.lambdas)
+    for at, point in enumerate(curve):
+        point["calls_per_query"] = float(run.calls[at].mean())
+        point["rounds_per_query"] = float(run.rounds[at].mean())
+    return curve
+
+
+def _operating(run: Replay, target: float) -> tuple[int, str]:
+    """The cheapest λ whose (validation) accuracy reaches ``target``, else the most accurate λ."""
+    accuracy, spent = run.accuracy(), run.mean_cost()
+    reaching = np.flatnonzero(accuracy >= target - 1e-12)
+    if reaching.size:
+        at = int(reaching[np.argmin(spent[reaching])])
+        return at, f"cheapest λ whose validation accuracy reaches the best single worker's ({target:.3f})"
+    return int(np.argmax(accuracy)), (
+        f"no λ reached the best single worker's validation accuracy ({target:.3f}): most accurate λ"
+    )
+
+
+def evaluate_cascade(
+    train: RoutingDataset,
+    test: RoutingDataset,
+    features: Any,
+    *,
+    model: str = "ensemble",
+    seed: int = 0,
+    lambdas: Sequence[float] = DEFAULT_LAMBDAS,
+    progress: bool = False,
+    say: Callable[[str], None] | None = None,
+) -> dict:
+    """Fit on ``train``, replay plans on ``test``; the result body (see the module docstring)."""
+    if train.responses is None or test.responses is None:
+        raise NoAnswers(f"{train.meta.get('format', train.name)} files record no answers")
+    say = say or (lambda _: None)
+    lambdas = list(lambdas)
+    started = time.perf_counter()
+    data = PoolData.prepare(train, test, features, progress)
+    train, test = data.train, data.test
+    assert train.responses is not None and test.responses is not None
+    Y, C = train.labels, data.train_costs
+    n = len(train)
+
+    say("query-only router (the planner's prior) and the baselines")
+    validation = Validation(train, data.X_train, seed, lambdas)
+    knn_k = validation.best_k()
+    quality = fit_quality_model(model, data.X_train, Y, seed).predict(data.X_test)
+    knn_q = fit_quality_model("knn", data.X_train, Y, seed, knn_k).predict(data.X_test)
+    predicted_cost = CostModel().fit(data.X_train, C).predict(data.X_test)
+    single, single_choices = swept_router("single", quality, predicted_cost, test, lambdas)
+    single["model"] = model
+    routers: dict[str, dict] = {
+        "single": single,
+        **baseline_routers(data, knn_q, knn_k, predicted_cost, lambdas),
+    }
+
+    say(f"cross-fitting the prior and the cost model ({FOLDS} folds)")
+    X = data.X_train
+    prior_cf = cross_fit(
+        n, FOLDS, seed + 5, lambda a, b: fit_quality_model(model, X[a], Y[a], seed).predict(X[b])
+    )
+    cost_cf = cross_fit(n, FOLDS, seed + 3, lambda a, b: CostModel().fit(X[a], C[a]).predict(X[b]))
+
+    say("running code answers (behaviour keys)")
+    book_train = AnswerBook(train.texts, train.responses, code_runs_for(train.texts, train.responses))
+    book_test = AnswerBook(test.texts, test.responses, code_runs_for(test.texts, test.responses))
+    say(f"code answers run for {len(book_train.behaviour)} + {len(book_test.behaviour)} queries")
+    rec = Recorded.from_priors(book_train, prior_cf, Y)
+    planners = fit_planner(rec, k=FOLDS, seed=seed, progress=say)
+    fit_seconds = time.perf_counter() - started
+
+    say("validation: replaying the training files with the fold planners")
+    complete = np.flatnonzero(~(np.isnan(Y).any(axis=1) | np.isnan(C).any(axis=1)))
+    held = replay(planners.for_row, book_train, complete, rec.log_odds, cost_cf, C, Y, lambdas)
+    best, _ = best_and_cheapest(train)
+    at, how = _operating(held, float(Y[complete, best].mean()))
+
+    say("test: replaying the test files")
+    replay_started = time.perf_counter()
+    run = replay(
+        lambda i: planners.final,
+        book_test,
+        range(len(test)),
+        _log_odds(quality),
+        predicted_cost,
+        data.test_costs,
+        test.labels,
+        lambdas,
+    )
+    per_query_ms = 1000 * (time.perf_counter() - replay_started) / max(1, run.rounds.sum() + run.rounds.size)
+    ours: dict[str, Any] = {"name": "ours", "strategy": "cascade", "curve": _curve(run)}
+    voters = _rule_voters(train, best)
+    rule = agreement_rule(book_test, range(len(test)), voters, best, data.test_costs, test.labels)
+    routers["ours"] = ours
+    routers["agreement_rule"] = constant_router(
+        "agreement_rule",
+        rule["accuracy"],
+        rule["cost_usd"],
+        lambdas,
+        voters=[train.workers[v] for v in voters],
+        fallback=train.workers[best],
+        escalated_share=rule["escalated_share"],
+    )
+    singles = single_workers(data)
+    max_cost = score_aiq(routers, singles)
+    for name in ("ours", "single"):
+        routers[name].update(goal_metrics(routers[name], routers["best_single"]))
+    ours["operating_point"] = {
+        "lambda": lambdas[at],
+        "how": how,
+        "validation_rows": len(complete),
+        "validation_accuracy": float(held.accuracy()[at]),
+        "validation_cost_usd": float(held.mean_cost()[at]),
+        "test_accuracy": float(run.accuracy()[at]),
+        "test_cost_usd": float(run.mean_cost()[at]),
+        "calls_per_query": float(run.calls[at].mean()),
+        "rounds_per_query": float(run.rounds[at].mean()),
+        "stop_shares": run.stop_shares(at),
+        "first_call_shares": shares(run.first[at], test.groups, data.workers)["all"],
+    }
+    ours["validation_curve"] = _curve(held)
+    groups = np.array(test.groups)
+    per_task = {}
+    for group in sorted(set(test.groups)):
+        rows = groups == group
+        per_task[group] = {
+            "n": int(rows.sum()),
+            "best_worker_accuracy": float(test.labels[rows].mean(axis=0).max()),
+            "best_worker": data.workers[int(np.argmax(test.labels[rows].mean(axis=0)))],
+            "ours_accuracy": float(np.nanmean(run.score[at, rows])),
+            "ours_cost_usd": float(run.cost[at, rows].mean()),
+            "ours_calls_per_query": float(run.calls[at, rows].mean()),
+            "single_accuracy_at_same_lambda": float(
+                test.labels[np.flatnonzero(rows), single_choices[at, rows]].mean()
+            ),
+        }
+    return {
+        "workers": data.workers,
+        "n_train": n,
+        "n_test": len(test),
+        **data.counts,
+        "max_cost_usd": max_cost,
+        "routers": routers,
+        "singles": singles,
+        "per_task": per_task,
+        "cascade": {
+            **planners.final.card,
+            "validation": "cross-fitted replay of the training files: each query planned by fold models "
+            "(prior, cost, post-hoc, value) that never saw it",
+            "replay_ms_per_decision": round(per_query_ms, 3),
+        },
+        "cost_model": cost_model_report(predicted_cost, data),
+        "seconds": {"embed": round(data.embed_seconds, 1), "fit": round(fit_seconds, 1)},
+        "lambdas": lambdas,
+    }
+
+
+def train_cascade(
+    ds: RoutingDataset,
+    *,
+    backend: str = "static",
+    model: str = "ensemble",
+    seed: int = 0,
+    sources: dict[str, Any] | None = None,
+    say: Callable[[str], None] | None = None,
+):
+    """A router artifact whose ``cascade`` is a planner fitted on every row of ``ds`` (which must carry
+    the workers' answers); its query-only model is the planner's prior and the fast router's model."""
+    from router.training import feature_builder, fit_quality, train_artifact
+
+    if ds.responses is None:
+        raise NoAnswers(f"{ds.meta.get('format', ds.name)} data records no answers: a planner needs them")
+    say = say or (lambda _: None)
+    say("query-only model (the prior)")
+    artifact = train_artifact(
+        ds.texts,
+        ds.turns,
+        ds.labels,
+        ds.workers,
+        backend=backend,
+        model=model,
+        sources=sources,
+        random_state=seed,
+    )
+    X = feature_builder(backend).transform(ds.texts, ds.turns)
+    chosen = artifact.card.get("model", model)
+    say(f"cross-fitting the prior ({FOLDS} folds)")
+    prior = cross_fit(
+        len(ds), FOLDS, seed + 5, lambda a, b: fit_quality(X[a], ds.labels[a], chosen, seed)[0].predict(X[b])
+    )
+    say("running code answers (behaviour keys)")
+    book = AnswerBook(ds.texts, ds.responses, code_runs_for(ds.texts, ds.responses))
+    planners = fit_planner(Recorded.from_priors(book, prior, ds.labels), k=FOLDS, seed=seed, progress=say)
+    artifact.cascade = planners.final
+    artifact.card["cascade"] = planners.final.card
+    artifact.card["strategy"] = "cascade"
+    return artifact
