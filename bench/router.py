@@ -239,11 +239,8 @@ def planner_rows(runs: int) -> list[dict]:
             samples = []
             for _ in range(runs):
                 started = time.perf_counter()
-                state = State(
-                    read_answers(MC_QUERY, texts).kind,
-                    called,
-                    read_answers(MC_QUERY, texts) if held else None,
-                )
+                read = read_answers(MC_QUERY, texts)
+                state = State.of(MC_QUERY, called, read if held else None)
                 planner.decide(state, log_odds, costs, 0.1)
                 samples.append(1000 * (time.perf_counter() - started))
             p50, p99 = _percentiles(samples)

@@ -309,6 +309,18 @@ def _routellm_root(data: Path | None) -> Path:
     return root
 
 
+def _renames(items: list[str] | None) -> dict[str, str]:
+    """``--map DATASET_WORKER=CATALOG_WORKER`` options as a dict; a malformed one exits with 2."""
+    renames = {}
+    for item in items or []:
+        source, sep, target = item.partition("=")
+        if not sep or not source or not target:
+            console.print(f"[red]--map takes DATASET_WORKER=CATALOG_WORKER, got {item!r}[/]")
+            raise typer.Exit(2)
+        renames[source] = target
+    return renames
+
+
 @router_app.command("train")
 def router_train(
     dataset: Annotated[str | None, typer.Option(help="a labelled dataset: routellm")] = None,
@@ -368,13 +380,7 @@ def router_train(
     if dataset is not None and dataset != "routellm":
         console.print(f"[red]unknown dataset {dataset!r}[/] (known: routellm)")
         raise typer.Exit(2)
-    renames = {}
-    for item in map_ or []:
-        source, sep, target = item.partition("=")
-        if not sep or not source or not target:
-            console.print(f"[red]--map takes DATASET_WORKER=CATALOG_WORKER, got {item!r}[/]")
-            raise typer.Exit(2)
-        renames[source] = target
+    renames = _renames(map_)
     output_tokens: dict[str, float] = {}
     if from_ledger:
         from gateway.ledger_export import ledger_records
@@ -470,13 +476,7 @@ def _train_cascade(
     from router.offline.pool_cascade import NoAnswers, train_cascade
     from router.offline.routellm import STRONG, WEAK, load_gsm8k_answers
 
-    renames = {}
-    for item in map_ or []:
-        source, sep, target = item.partition("=")
-        if not sep or not source or not target:
-            console.print(f"[red]--map takes DATASET_WORKER=CATALOG_WORKER, got {item!r}[/]")
-            raise typer.Exit(2)
-        renames[source] = target
+    renames = _renames(map_)
     try:
         if fmt is not None:
             if not files:

@@ -51,6 +51,7 @@ POSTHOC_FEATURES = (
     "log_chars",
     "refusal",
     "hedges",
+    "options",  # choices the query offers (chance agreement is 1/options); 0 for other kinds
     "assert_pass",  # share of the prompt's own tests passed; -1: none to run
     *(f"arithmetic_{name}" for name in ARITHMETIC),
     *(f"kind_{k.value}" for k in KINDS),
@@ -75,6 +76,7 @@ class Answers:
     forms: tuple[Form, ...]
     assert_pass: tuple[float | None, ...]
     arithmetic: np.ndarray  # [n, len(ARITHMETIC)]
+    options: int = 0  # letters a multiple-choice query offers
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -126,6 +128,7 @@ def assemble(
         tuple(form(t, k) for t, k in zip(texts, keys, strict=True)),
         tuple(assert_pass) if assert_pass is not None else (None,) * n,
         arithmetic.reshape(n, len(ARITHMETIC)),
+        len(choice_letters(query)) if kind is Kind.CHOICE else 0,
     )
 
 
@@ -192,6 +195,7 @@ def posthoc_rows(answers: Answers, members: Sequence[int], log_odds: Sequence[fl
                 f.log_chars,
                 float(f.refusal),
                 min(f.hedges, 5),
+                answers.options,
                 -1.0 if passed is None else passed,
                 *answers.arithmetic[j],
                 *kind_onehot,

@@ -6,8 +6,9 @@ One planner covers "pick one worker" and "compose several". At every step it com
   every answer so far) from :class:`Posthoc` over router/evidence.py's features; and
 * **calling** a worker k not asked yet, or a set of workers: the gain model predicts how much the
   call adds to P(the best answer held is right), so a cheap second opinion that would confirm or
-  contradict the first answer is worth its price; at step 0, with no answer yet, a single call is
-  worth the query-only router's prior for k (today's fast router is the plan of one step).
+  contradict the first answer is worth its price; at step 0, with no answer yet, the gain of a single
+  call is the query-only router's prior for k, recalibrated (today's fast router is the plan of one
+  step).
 
 Each option is scored as expected quality − λ·(its predicted cost / the pool's most expensive
 predicted cost) − μ·(one more round trip), the same λ as the fast router (router/decide.py) and an
@@ -31,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from router.answers import Kind
+from router.answers import Kind, choice_letters, detect_kind
 from router.evidence import KINDS, NO_PRIOR, Answers, classes, posthoc_rows
 
 VALUE_FEATURES = (
@@ -48,11 +49,24 @@ VALUE_FEATURES = (
     "call_gain",  # sigmoid(call_prior_max) − best
     "fallback_prior",  # the most trusted worker left open after the call (NO_PRIOR: none)
     "open",  # workers left open after the call
+    "options",  # choices the query offers (0: not multiple choice)
     *(f"kind_{k.value}" for k in KINDS),
 )
+# The gain of a call can only fall as the best answer held gets better, and only rise with the
+# called workers' priors: LightGBM keeps those directions, so the trees cannot fit noise against them.
+GAIN_MONOTONE = {"best": -1, "call_prior_max": 1, "call_gain": 1}
 SET_CANDIDATES = 6  # sets are formed among the best single calls only (50 workers stay cheap)
 MAX_SET = 3  # a call scored as a whole may hold up to this many workers
 DEFAULT_MAX_CALLS = 6
+
+
+def gain_model(seed: int = 0) -> Boosted:
+    """The regression the planner values calls with, with :data:`GAIN_MONOTONE` enforced."""
+    return Boosted(
+        "regression",
+        monotone={VALUE_FEATURES.index(name): sign for name, sign in GAIN_MONOTONE.items()},
+        seed=seed,
+    )
 
 
 def sigmoid(x: float) -> float:
@@ -66,6 +80,7 @@ class Boosted:
     def __init__(
         self,
         objective: str = "binary",
+        monotone: dict[int, int] | None = None,
         n_estimators: int = 200,
         num_leaves: int = 15,
         min_child_samples: int = 100,
@@ -80,12 +95,14 @@ class Boosted:
             "num_leaves": num_leaves,
             "min_child_samples": min_child_samples,
             "learning_rate": learning_rate,
+            "max_bin": 63,
             "subsample": 0.8,
             "subsample_freq": 1,
             "colsample_bytree": 0.9,
             "random_state": seed,
             "verbose": -1,
         }
+        self.monotone = dict(monotone or {})
         self.booster: Any = None
         self.constant: float | None = None
         self.n_features: int | None = None
@@ -102,10 +119,15 @@ class Boosted:
             return self
         import lightgbm
 
+        # Leaves of at least 1/20 of the rows on small data (a few hundred queries), 100 on big data.
+        params = {
+            **self.params,
+            "min_child_samples": min(self.params["min_child_samples"], max(5, len(y) // 20)),
+        }
         if self.objective == "binary":
-            model = lightgbm.LGBMClassifier(**self.params).fit(X, (y >= 0.5).astype(int))
+            model = lightgbm.LGBMClassifier(**params).fit(X, (y >= 0.5).astype(int))
         else:
-            model = lightgbm.LGBMRegressor(**self.params).fit(X, y)
+            model = lightgbm.LGBMRegressor(**params).fit(X, y)
         self.booster = model.booster_
         return self
 
@@ -130,6 +152,13 @@ class State:
     kind: Kind
     called: tuple[int, ...] = ()
     answers: Answers | None = None
+    options: int = 0  # letters a multiple-choice query offers (known before any answer)
+
+    @classmethod
+    def of(cls, query: str, called: Sequence[int] = (), answers: Answers | None = None) -> State:
+        """The state of a plan for ``query`` holding ``answers`` from the workers ``called``."""
+        kind = answers.kind if answers is not None else detect_kind(query)
+        return cls(kind, tuple(called), answers, len(choice_letters(query)) if kind is Kind.CHOICE else 0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,20 +206,20 @@ class CascadePlanner:
         memo: dict | None = None,
     ) -> np.ndarray:
         """How much each call is expected to add to the quality of the best answer held: P(right)
-        of the best answer once the call's answers are in, minus that of the best answer now. A
-        single first call (no answer held) adds its worker's prior. ``memo`` (one dict per state)
-        keeps gains already predicted: they do not depend on λ, so a replay predicts them once."""
+        of the best answer once the call's answers are in, minus that of the best answer now (none:
+        0). Every option of a step, a single first call included, is valued by the same model, so
+        their errors do not favour one kind of option; the query-only prior is its main input at
+        step 0. ``memo`` (one dict per state) keeps gains already predicted: they do not depend on
+        λ, so a replay predicts them once."""
         memo = {} if memo is None else memo
         missing = [call for call in calls if call not in memo]
         if missing:
-            if self.value is None:
+            if self.value is None:  # no gain model: the best prior in the call over the best answer held
                 held = float(scores.max()) if len(scores) else 0.0
                 gains = [max(sigmoid(max(float(log_odds[k]) for k in c)) - held, 0.0) for c in missing]
             else:
                 gains = list(self.value.predict(value_rows(state, scores, log_odds, missing, open_)))
             for call, gain in zip(missing, gains, strict=True):
-                if not state.called and len(call) == 1:
-                    gain = sigmoid(float(log_odds[call[0]]))
                 memo[call] = float(gain)
         return np.array([memo[call] for call in calls], dtype=float)
 
@@ -205,9 +234,11 @@ class CascadePlanner:
         parallel: int = 2,
         allowed: Sequence[bool] | None = None,
         memo: dict | None = None,
+        names: Sequence[str] | None = None,
     ) -> Decision:
         """The next action for ``state``; ``log_odds``/``costs`` are per pool worker (prior and
-        predicted USD); ``allowed`` masks workers that may not be called now (over the ceiling).
+        predicted USD); ``allowed`` masks workers that may not be called now (over the ceiling);
+        ``names`` (per pool worker) name them in the reason, pool indices otherwise.
 
         A call is worth gain − λ·price − μ (price: predicted cost / the pool's most expensive); the plan
         stops, returning the answer the post-hoc estimator rates best, when no call is worth more than 0.
@@ -252,17 +283,21 @@ class CascadePlanner:
             )
         call = calls[choice]
         gain = float(gains[choice])
+
+        def named(ks: Sequence[int]) -> str:
+            return "+".join(names[k] if names is not None else str(k) for k in ks)
+
         if len(call) > 1 and (latency_weight == 0 or parallel < 2):
             cheaper = min(call, key=lambda k: (costs[k], k))
-            reason = f"call {cheaper}, the cheapest of {'+'.join(map(str, call))} (expected gain of all {gain:+.3f})"
+            reason = (
+                f"call {named([cheaper])}, the cheapest of {named(call)} (expected gain of all {gain:+.3f})"
+            )
             call = (cheaper,)
         elif len(call) > parallel:
             call = tuple(sorted(call, key=lambda k: (costs[k], k))[:parallel])
-            reason = (
-                f"call {'+'.join(map(str, call))} at once, the cheapest of a set (expected gain {gain:+.3f})"
-            )
+            reason = f"call {named(call)} at once, the cheapest of a set (expected gain {gain:+.3f})"
         else:
-            reason = f"call {'+'.join(map(str, call))} (expected gain {gain:+.3f})"
+            reason = f"call {named(call)} (expected gain {gain:+.3f})"
         return Decision(call, None, held + gain, reason, tuple(scores))
 
 
@@ -276,6 +311,7 @@ def value_rows(
     """One row of :data:`VALUE_FEATURES` per candidate call from ``state`` (``open_``: workers that
     may still be called)."""
     kind_onehot = [float(state.kind is k) for k in KINDS]
+    options = state.options
     if state.called and state.answers is not None:
         best = int(np.argmax(scores))
         groups = classes(state.answers.keys, range(len(state.called)))
@@ -306,6 +342,7 @@ def value_rows(
                 sigmoid(top) - summary[1],
                 max(left, default=NO_PRIOR),
                 len(left),
+                options,
                 *kind_onehot,
             ]
         )

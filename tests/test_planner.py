@@ -74,10 +74,14 @@ def test_max_calls_bounds_the_plan_and_disallowed_workers_are_never_called():
     planner = CascadePlanner(constant(0.1), max_calls=2)
     called, _, _ = play(planner, tiny_book(), 0, LOG_ODDS[0], PREDICTED[0], 0.0)
     assert len(called) == 2
-    decision = planner.decide(State(Kind.CHOICE), LOG_ODDS[0], PREDICTED[0], 0.0, allowed=[True, True, False])
+    decision = planner.decide(State.of(QUERY), LOG_ODDS[0], PREDICTED[0], 0.0, allowed=[True, True, False])
     assert decision.call == (1,)  # the frontier worker is over the ceiling: the best allowed instead
     stop = planner.decide(
-        State(Kind.CHOICE, (0,), read_answers(QUERY, ["A"])), LOG_ODDS[0], PREDICTED[0], 0.0, allowed=[True, False, False]
+        State.of(QUERY, (0,), read_answers(QUERY, ["A"])),
+        LOG_ODDS[0],
+        PREDICTED[0],
+        0.0,
+        allowed=[True, False, False],
     )
     assert stop.call == () and stop.answer == 0
 
@@ -121,9 +125,9 @@ def fitted():
 def test_fitted_posthoc_trusts_agreement(fitted):
     planner = fitted.final
     lo = np.log(np.array([0.65, 0.7, 0.9]) / np.array([0.35, 0.3, 0.1]))
-    agree = planner.answer_scores(State(Kind.CHOICE, (0, 1), read_answers(QUERY, ["B", "B"])), lo)
-    split = planner.answer_scores(State(Kind.CHOICE, (0, 1), read_answers(QUERY, ["B", "C"])), lo)
-    alone = planner.answer_scores(State(Kind.CHOICE, (0,), read_answers(QUERY, ["B"])), lo)
+    agree = planner.answer_scores(State.of(QUERY, (0, 1), read_answers(QUERY, ["B", "B"])), lo)
+    split = planner.answer_scores(State.of(QUERY, (0, 1), read_answers(QUERY, ["B", "C"])), lo)
+    alone = planner.answer_scores(State.of(QUERY, (0,), read_answers(QUERY, ["B"])), lo)
     assert agree.min() > 0.85 > alone[0] > split.max()
     assert 0 <= split.min() and agree.max() <= 1 and not math.isnan(agree.sum())
 
@@ -141,11 +145,11 @@ def test_fitted_planner_beats_the_frontier_worker_at_a_fraction_of_its_cost(fitt
 def test_a_pair_worth_more_than_its_members_is_called_at_once_when_latency_counts(fitted):
     lo = np.log(np.array([0.65, 0.7, 0.9]) / np.array([0.35, 0.3, 0.1]))
     costs = np.array([1.0, 1.0, 20.0])
-    start = State(Kind.CHOICE)
-    sequential = fitted.final.decide(start, lo, costs, 0.3)
-    parallel = fitted.final.decide(start, lo, costs, 0.3, latency_weight=0.01)
+    start = State.of(QUERY)
+    sequential = fitted.final.decide(start, lo, costs, 0.1)
+    parallel = fitted.final.decide(start, lo, costs, 0.1, latency_weight=0.01)
     assert len(sequential.call) == 1 and sequential.call[0] in (0, 1)  # the cheaper of the pair first
-    assert sorted(parallel.call) == [0, 1]  # one round trip for both
+    assert sorted(parallel.call) == [0, 1]  # the two cheap members of the set {0, 1, 2} in one round trip
     with pytest.raises(ValueError):
         fitted.final.decide(start, lo, costs, -1.0)
 

@@ -315,3 +315,53 @@ def test_eval_cli_reports_a_corrupt_file_with_file_and_line(tmp_path: Path) -> N
     wrong = CliRunner().invoke(app, ["router", "eval", "--format", "routerbench", "--train", str(LR[0]),
                                      "--test", str(RB), "--out", str(tmp_path / "r.json")])  # fmt: skip
     assert wrong.exit_code == 1 and str(LR[0]) in wrong.output
+
+
+def test_eval_cli_cascade_replays_plans_and_reports_the_new_keys(tmp_path: Path) -> None:
+    result, out = _eval(tmp_path, "routerbench", [RB], "--strategy", "cascade", "--model", "knn")
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())
+    assert report["strategy"] == "cascade"
+    assert ROUTER_KEYS | {"single", "agreement_rule"} <= set(report["routers"])
+    ours, single = report["routers"]["ours"], report["routers"]["single"]
+    assert ours["strategy"] == "cascade" and len(ours["curve"]) == len(report["lambdas"])
+    for point in ours["curve"]:  # a plan calls at least one worker, and is charged for each one
+        assert point["calls_per_query"] >= 1 and point["rounds_per_query"] >= 1
+    op = ours["operating_point"]
+    assert abs(sum(op["stop_shares"].values()) - 1) < 1e-3 and op["calls_per_query"] >= 1
+    assert {"best_accuracy_at_cost_of_best_single", "cost_ratio_at_best_single_accuracy", "aiq"} <= set(
+        single
+    )
+    rule = report["routers"]["agreement_rule"]
+    assert rule["voters"] and rule["fallback"] == report["routers"]["best_single"]["worker"]
+    # the AIQ axis ends at the dearest single model: no router is credited beyond it
+    assert report["max_cost_usd"] == max(s["cost_usd"] for s in report["singles"].values())
+    assert report["routers"]["oracle"]["aiq"] + 1e-9 >= report["routers"]["random"]["aiq"]
+
+
+def test_eval_cli_cascade_on_files_without_answers_says_so_and_routes_single(tmp_path: Path) -> None:
+    result, out = _eval(
+        tmp_path, "llmrouter", LR, "--prices", str(FIX / "default_llm.json"), "--strategy", "cascade"
+    )
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())
+    assert report["strategy"] == "fast" and "record no worker answers" in report["note"]
+    assert "record no worker answers" in result.output
+    assert ROUTER_KEYS <= set(report["routers"])
+
+
+def test_train_cli_cascade_saves_a_planner_the_gateway_loads(tmp_path: Path) -> None:
+    from router import load_current
+
+    args = ["router", "train", "--strategy", "cascade", "--format", "routerbench", "--train", str(RB)]
+    result = CliRunner().invoke(app, [*args, "--model", "knn", "--router-dir", str(tmp_path / "r")])
+    assert result.exit_code == 0, result.output
+    artifact = load_current(tmp_path / "r")
+    assert artifact is not None and artifact.cascade is not None
+    assert artifact.card["strategy"] == "cascade" and artifact.card["cascade"]["queries"] == 36
+    refused = CliRunner().invoke(app, ["router", "train", "--format", "routerbench", "--train", str(RB)])
+    assert refused.exit_code == 2 and "--strategy cascade" in refused.output
+    no_answers = CliRunner().invoke(
+        app, ["router", "train", "--strategy", "cascade", "--format", "llmrouter", "--train", str(LR[0])]
+    )
+    assert no_answers.exit_code == 1 and "no answers" in no_answers.output

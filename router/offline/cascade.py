@@ -30,7 +30,6 @@ from router.offline.metrics import baselines, evaluate_router
 from router.offline.planner_fit import Recorded, fit_planner
 from router.offline.routellm import GSM8K_FILE, PRICES_PER_M, STRONG, WEAK, WORKER_ALIASES, load_gsm8k_answers
 from router.offline.split import cross_fit
-from router.planner import State
 
 
 def cross_fitted_acceptance(data: dict[str, Any], k: int = 5, seed: int = 0) -> np.ndarray:
@@ -135,7 +134,7 @@ def planner_escalation(
     gain, posthoc = np.empty(len(book)), np.empty(len(book))
     for i in range(len(book)):
         planner = planners.for_row(i)
-        state = State(book.kind(i, [0]), (0,), book.read(i, [0]))
+        state = book.state(i, [0])
         scores = planner.answer_scores(state, rec.log_odds[i])
         posthoc[i] = scores[0]
         gain[i] = planner.call_values(state, scores, rec.log_odds[i], [(1,)], [1])[0]

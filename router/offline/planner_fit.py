@@ -30,12 +30,13 @@ import numpy as np
 from router.evidence import logit, posthoc_rows
 from router.offline.book import AnswerBook
 from router.offline.split import folds
-from router.planner import Boosted, CascadePlanner, State, value_rows
+from router.planner import Boosted, CascadePlanner, gain_model, value_rows
 
 POSTHOC_STATES = 6  # random multi-answer states per query, besides every single answer
-GAIN_STATES = 5  # random states with answers per query, besides "no answer yet"
+GAIN_STATES = 4  # random states with answers per query, besides "no answer yet"
+WALKS = 3  # planner walks per query (each at its own random λ) for the second round
 PAIR_SHARE = 0.25  # share of the possible pairs sampled as calls from each state
-TRIPLE_SHARE = 0.06  # and of the triples
+TRIPLE_SHARE = 0.04  # and of the triples
 
 
 @dataclass
@@ -77,7 +78,11 @@ def posthoc_samples(
 
 
 def gain_samples(
-    rec: Recorded, rows: Sequence[int], posthoc_for: Callable[[int], Boosted], seed: int
+    rec: Recorded,
+    rows: Sequence[int],
+    posthoc_for: Callable[[int], Boosted],
+    seed: int,
+    visited: dict[int, list[list[int]]] | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(features, targets, query of each sample) for the gain of a call.
 
@@ -85,14 +90,18 @@ def gain_samples(
     share of the pairs. The target is the score of the answer the post-hoc estimator picks once the
     call's answers are in, minus the score of the one it picks now (0 with none): a difference of
     outcomes, so the planner never compares two models' errors. ``posthoc_for(i)`` is the post-hoc
-    model that judges query i (one that never saw it)."""
+    model that judges query i (one that never saw it); ``visited`` replaces the random states by the
+    states a planner passed through (see :func:`visited_states`)."""
     rng = np.random.default_rng(seed)
     X, y, owner = [], [], []
     k = rec.workers
     for i in rows:
         posthoc = posthoc_for(i)
         lo = rec.log_odds[i]
-        states = [[]] + [_subset(rng, k, 1, 3) for _ in range(GAIN_STATES)]
+        if visited is None:
+            states = [[]] + [_subset(rng, k, 1, 3) for _ in range(GAIN_STATES)]
+        else:
+            states = visited.get(i, [])
         plans: list[tuple[list[int], list[tuple[int, ...]]]] = []
         blocks: list[np.ndarray] = []
         for members in states:  # every judgement this query needs, predicted in one batch
@@ -103,14 +112,13 @@ def gain_samples(
             for after in [members] + [members + list(c) for c in plans[-1][1]]:
                 if after:
                     blocks.append(posthoc_rows(rec.book.read(i, after), range(len(after)), lo[after]))
-        judged = posthoc.predict(np.vstack(blocks), threads=0)
+        judged = posthoc.predict(np.vstack(blocks))
         at = 0
         for members, calls in plans:
             scores = judged[at : at + len(members)]
             at += len(members)
             now = rec.labels[i, members[int(np.argmax(scores))]] if members else 0.0
-            answers = rec.book.read(i, members) if members else None
-            state = State(rec.book.kind(i, members), tuple(members), answers)
+            state = rec.book.state(i, members)
             open_ = [j for j in range(k) if j not in members]
             X.append(value_rows(state, scores, lo, calls, open_))
             for call in calls:
@@ -120,6 +128,37 @@ def gain_samples(
                 y.append(rec.labels[i, picked] - now)
                 owner.append(i)
     return np.vstack(X), np.asarray(y, dtype=float), np.asarray(owner)
+
+
+def visited_states(
+    rec: Recorded,
+    rows: Sequence[int],
+    planner_for: Callable[[int], CascadePlanner],
+    costs: np.ndarray,
+    seed: int,
+) -> dict[int, list[list[int]]]:
+    """The states each query's plan passes through, walked by ``planner_for(i)`` at a few random λ
+    (log-uniform over 1e-3..1): the states the planner will actually meet, for the second round."""
+    rng = np.random.default_rng(seed)
+    out: dict[int, list[list[int]]] = {}
+    for i in rows:
+        seen: dict[tuple[int, ...], None] = {}
+        memo: dict = {}
+        for _ in range(WALKS):
+            lam = float(10 ** rng.uniform(-3, 0))
+            called: list[int] = []
+            while True:
+                key = tuple(called)
+                seen.setdefault(tuple(sorted(called)), None)
+                state = rec.book.state(i, called)
+                decision = planner_for(i).decide(
+                    state, rec.log_odds[i], costs[i], lam, memo=memo.setdefault(key, {})
+                )
+                if not decision.call:
+                    break
+                called.extend(decision.call)
+        out[i] = [list(s) for s in seen]
+    return out
 
 
 @dataclass
@@ -135,9 +174,16 @@ class FittedPlanners:
 
 
 def fit_planner(
-    rec: Recorded, *, k: int = 5, seed: int = 0, progress: Callable[[str], None] | None = None
+    rec: Recorded,
+    *,
+    costs: np.ndarray | None = None,
+    k: int = 5,
+    seed: int = 0,
+    progress: Callable[[str], None] | None = None,
 ) -> FittedPlanners:
-    """Cross-fitted post-hoc estimator and gain model; see the module docstring."""
+    """Cross-fitted post-hoc estimator and gain model; see the module docstring. With ``costs``
+    (predicted USD per query and worker, cross-fitted like the priors) a second round refits the gain
+    model on the states the first round's planners actually visit, besides the random ones."""
     say = progress or (lambda _: None)
     n = len(rec.book)
     parts = folds(n, k, seed + 7)
@@ -154,17 +200,30 @@ def fit_planner(
     posthoc = Boosted(seed=seed).fit(X, y)
     say("gain samples")
     GX, gy, gowner = gain_samples(rec, range(n), lambda i: posthoc_by_fold[fold_of[i]], seed + 1)
-    by_fold = []
-    for f in range(k):
-        say(f"gain model, fold {f + 1}/{k}")
-        keep = fold_of[gowner] != f
-        by_fold.append(
-            CascadePlanner(posthoc_by_fold[f], Boosted("regression", seed=seed).fit(GX[keep], gy[keep]))
-        )
-    say("gain model, all queries")
-    final = CascadePlanner(
-        posthoc,
-        Boosted("regression", seed=seed).fit(GX, gy),
-        card={"posthoc_samples": len(y), "gain_samples": len(gy), "queries": n, "folds": k},
-    )
+
+    def fit_gains(tag: str) -> tuple[list[CascadePlanner], CascadePlanner]:
+        planners = []
+        for f in range(k):
+            say(f"gain model{tag}, fold {f + 1}/{k}")
+            keep = fold_of[gowner] != f
+            planners.append(CascadePlanner(posthoc_by_fold[f], gain_model(seed).fit(GX[keep], gy[keep])))
+        say(f"gain model{tag}, all queries")
+        return planners, CascadePlanner(posthoc, gain_model(seed).fit(GX, gy))
+
+    by_fold, final = fit_gains("")
+    rounds = 1
+    if costs is not None:
+        say("round 2: the states the planners visit")
+        visited = visited_states(rec, range(n), lambda i: by_fold[fold_of[i]], costs, seed + 2)
+        VX, vy, vowner = gain_samples(rec, range(n), lambda i: posthoc_by_fold[fold_of[i]], seed + 3, visited)
+        GX, gy, gowner = np.vstack([GX, VX]), np.concatenate([gy, vy]), np.concatenate([gowner, vowner])
+        by_fold, final = fit_gains(" (round 2)")
+        rounds = 2
+    final.card = {
+        "posthoc_samples": len(y),
+        "gain_samples": len(gy),
+        "queries": n,
+        "folds": k,
+        "rounds": rounds,
+    }
     return FittedPlanners(final, fold_of, by_fold)

@@ -87,8 +87,10 @@ def plot_frontier(report: dict, path: str | Path) -> None:
 
     fig = _figure(8, 5)
     ax = fig.add_subplot()
-    for name, style in (("ours", "-"), ("knn", "--"), ("oracle", ":")):
-        r = report["routers"][name]
+    for name, style in (("ours", "-"), ("single", "-."), ("knn", "--"), ("oracle", ":")):
+        r = report["routers"].get(name)
+        if r is None:
+            continue
         pts = sorted((p["cost_usd"], p["accuracy"]) for p in r["curve"])
         ax.plot(
             [1000 * c for c, _ in pts],
@@ -100,8 +102,10 @@ def plot_frontier(report: dict, path: str | Path) -> None:
     for worker, s in report["singles"].items():
         ax.scatter(1000 * s["cost_usd"], s["accuracy"], s=18, color="grey", zorder=3)
         ax.annotate(worker.rsplit("/", 1)[-1], (1000 * s["cost_usd"], s["accuracy"]), fontsize=6, alpha=0.8)
-    for name, marker in (("random", "x"), ("best_single", "*")):
-        r = report["routers"][name]
+    for name, marker in (("random", "x"), ("best_single", "*"), ("agreement_rule", "D")):
+        r = report["routers"].get(name)
+        if r is None:
+            continue
         ax.scatter(
             1000 * r["cost_usd"],
             r["accuracy"],

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from router.offline.book import AnswerBook
-from router.planner import CascadePlanner, State
+from router.planner import CascadePlanner
 
 
 @dataclass
@@ -62,8 +62,7 @@ def play(
     rounds = 0
     while True:
         key = tuple(called)
-        answers = book.read(i, called) if called else None
-        state = State(book.kind(i, called), key, answers)
+        state = book.state(i, called)
         decision = planner.decide(
             state,
             log_odds,
