@@ -1,7 +1,9 @@
 """Composition on the request path: whether to compose, running the workflow, answering.
 
-`model="compose:<workflow>"` forces a workflow; under `model="auto"` a learned router may choose
-a cascade when its predicted utility beats the best single worker (router/compose/choose.py).
+`model="compose:<workflow>"` forces a workflow; under `model="auto"` a learned router with a trained
+planner runs the answer-aware plan (router/compose/planned.py: after each round, call another worker
+or stop), and one without may choose a cascade when its predicted utility beats the best single
+worker (router/compose/choose.py).
 A workflow draws only from the admissible pool, in the router's order; a request with tools, or
 a pool of one worker, is answered in fast mode and says so (`x-polyroute-compose`). The whole
 workflow reserves its cost ceiling on the tenant's budget up front and settles the actual total;
@@ -15,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import math
 import time
 import zlib
 from dataclasses import dataclass
@@ -47,13 +50,27 @@ from router.compose import (
     requested_workflow,
     should_cascade,
 )
+from router.compose.planned import Planned, plan_header
 from router.decide import Estimate
+from router.learned import logit
 
 log = logging.getLogger("polyroute.compose")
 
-__all__ = ["COMPOSE_HEADER", "PREFIX", "TRACE_HEADER", "WORKFLOWS", "Composition", "plan", "respond"]
+__all__ = [
+    "COMPOSE_HEADER",
+    "PLAN_HEADER",
+    "PREFIX",
+    "TRACE_HEADER",
+    "WORKFLOWS",
+    "Composition",
+    "plan",
+    "respond",
+]
 
 COMPOSE_HEADER = "x-polyroute-compose"
+PLAN_HEADER = "x-polyroute-plan"
+TRAIN_PLANNER = "polyroute router train --strategy cascade"
+MAX_LATENCY_WEIGHT = 10.0
 TRACE_HEADER = "x-polyroute-trace"
 SAMPLING = (
     "temperature",
@@ -76,6 +93,11 @@ class Composition:
     reason: str = ""
     note: str = ""  # why composition was degraded or chosen, for the header
     cost_weight: float = 0.5
+    # the plan: the router's planner, per pool worker its prior log-odds and predicted USD, and μ
+    planner: Any = None
+    log_odds: tuple[float, ...] = ()
+    costs: tuple[float, ...] = ()
+    latency_weight: float = 0.0
 
 
 def _by_strength(pool: tuple[Worker, ...], estimates: list[Estimate] | None) -> tuple[Worker, ...]:
@@ -93,6 +115,54 @@ async def _estimates(router, route: RouteRequest, pool: tuple[Worker, ...]) -> l
     return await asyncio.to_thread(router.estimates, route, list(pool))
 
 
+def _latency_weight(settings, chat: ChatCompletionRequest) -> float:
+    """μ of a plan: metadata.latency_weight (0..10), else the gateway's default."""
+    raw = (chat.metadata or {}).get("latency_weight")
+    if raw is None:
+        return settings.plan_latency_weight
+    try:
+        value = float(str(raw))
+    except ValueError:
+        value = math.nan
+    if isinstance(raw, bool) or not math.isfinite(value) or not 0 <= value <= MAX_LATENCY_WEIGHT:
+        raise APIError(
+            400,
+            f"metadata.latency_weight must be a number from 0 to {MAX_LATENCY_WEIGHT:g}",
+            param="metadata.latency_weight",
+            code="invalid_value",
+        )
+    return value
+
+
+async def _planned(
+    router,
+    route: RouteRequest,
+    chat: ChatCompletionRequest,
+    pool: tuple[Worker, ...],
+    settings,
+    weight: float,
+    reason: str,
+    note: str,
+) -> Composition:
+    """The plan over `pool` (the router's order): priors and predicted costs from the same estimates
+    fast mode ranks by, computed off the event loop."""
+    latency_weight = _latency_weight(settings, chat)
+    estimates = await _estimates(router, route, pool)
+    by_name = {e.worker: e for e in estimates}
+    ordered = [by_name[w.name] for w in pool]
+    return Composition(
+        "plan",
+        pool,
+        f"{reason} over {len(pool)} workers (cost weight {weight:g}, latency weight {latency_weight:g})",
+        note,
+        weight,
+        router.planner,
+        tuple(logit(e.quality) for e in ordered),
+        tuple(float(e.cost_usd) for e in ordered),
+        latency_weight,
+    )
+
+
 async def plan(
     state, request: Request, chat: ChatCompletionRequest, route: RouteRequest, decision, router
 ) -> Composition:
@@ -102,10 +172,23 @@ async def plan(
         raise APIError(404, str(exc), code="model_not_found", param="model") from None
     settings = state.settings
     weight = route.cost_weight if route.cost_weight is not None else settings.cost_weight
+    planner = getattr(router, "planner", None) if router.name == "learned" else None
     if forced is None:
-        if chat.model != "auto" or not settings.compose_auto or router.name != "learned" or chat.tools:
+        if chat.model != "auto" or router.name != "learned" or chat.tools:
             return Composition()
-        if decision.strategy != "fast" or len(decision.workers) < 2:
+        if planner is not None and settings.compose_plan:
+            # exploration sends this one to an under-observed worker; a quality target (min_quality)
+            # asks for the cheapest worker predicted to reach it, which the plan does not weigh
+            if decision.strategy != "fast" or route.min_quality is not None:
+                return Composition()
+            if len(decision.workers) < 2:
+                return Composition(
+                    note=f"degraded: only one admissible worker ({decision.workers[0].name}); fast mode"
+                )
+            return await _planned(
+                router, route, chat, decision.workers, settings, weight, "answer-aware plan", "chosen"
+            )
+        if not settings.compose_auto or decision.strategy != "fast" or len(decision.workers) < 2:
             return Composition()
         estimates = await _estimates(router, route, decision.workers)
         prediction = predict_cascade(estimates, weight, settings.compose_verifier_accuracy)
@@ -114,6 +197,15 @@ async def plan(
         return Composition(
             "cascade", _by_strength(decision.workers, estimates), prediction.reason, "chosen", weight
         )
+    if forced == "plan" and planner is None:
+        raise APIError(
+            400,
+            f"{PREFIX}plan needs a trained planner and the router in force has none "
+            f"({'version ' + router.version if router.name == 'learned' else 'rule-based router'}): "
+            f"train one with `{TRAIN_PLANNER}`",
+            code="invalid_value",
+            param="model",
+        )
     if chat.tools:
         return Composition(note=f"degraded: {forced} does not take tools; answered in fast mode")
     if len(decision.workers) < 2:
@@ -121,6 +213,10 @@ async def plan(
             note=f"degraded: only one admissible worker ({decision.workers[0].name}); fast mode"
         )
     pool = decision.workers
+    if forced == "plan":
+        return await _planned(
+            router, route, chat, pool, settings, weight, f"{PREFIX}plan requested", "requested"
+        )
     if forced == "cascade":
         pool = _by_strength(pool, await _estimates(router, route, pool))
     return Composition(forced, pool, f"{PREFIX}{forced} requested", "requested", weight)
@@ -178,8 +274,25 @@ def _verifier(state, pool: tuple[Worker, ...], chat: ChatCompletionRequest):
     )
 
 
+def _code_keys(settings):
+    """Behaviour keys for code answers (router/code_behaviour.py), when the gateway may run code."""
+    if not settings.plan_code_exec:
+        return None
+    from router.code_behaviour import behaviour_keys_async
+
+    return behaviour_keys_async
+
+
 def workflow_for(state, composition: Composition, chat: ChatCompletionRequest):
     settings, metadata = state.settings, chat.metadata or {}
+    if composition.workflow == "plan":
+        return Planned(
+            composition.planner,
+            composition.log_odds,
+            composition.costs,
+            composition.latency_weight,
+            code_keys=_code_keys(settings),
+        )
     if composition.workflow == "cascade":
         return Cascade(_verifier(state, composition.pool, chat), depth=settings.compose_depth)
     if composition.workflow == "ensemble":
@@ -265,6 +378,8 @@ async def respond(state, request: Request, ex, composition: Composition) -> Resp
         "x-polyroute-cost-usd": format_cost(outcome.cost_usd),
         COMPOSE_HEADER: outcome.note or composition.note,
     }
+    if composition.workflow == "plan":
+        headers[PLAN_HEADER] = plan_header(outcome.detail)
     if final is None:
         await ex.finish(
             state, None, 502, [], prompt_tokens, completion_tokens, outcome.cost_usd, strategy, trace

@@ -70,6 +70,10 @@ class RouterHolder:
                 weight, exploration, min_examples = self._settings
                 router = LearnedRouter(artifact, features, weight, exploration, min_examples)
                 router.predict_quality("warm-up query", 1)  # fail here, not on a client's request
+                if router.planner is not None:
+                    from router.compose.planned import check_planner
+
+                    check_planner(router.planner)
             except Exception as exc:  # RouterLoadError, or a model that cannot predict with these features
                 return self._fail(f"router model {version}: {exc}", version)
             self.current, self._loaded_version, self.error, self._failed_version = router, version, None, None

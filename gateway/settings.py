@@ -83,6 +83,21 @@ class Settings(BaseModel):
     compose_depth: int = Field(2, ge=2, le=5, description="cascade levels")
     compose_members: int = Field(3, ge=2, le=8, description="ensemble members (debate: members − 1, 2 to 3)")
     compose_rounds: int = Field(2, ge=1, le=5, description="builder/verifier rounds")
+    compose_plan: bool = Field(
+        True,
+        description="under model=auto, run the answer-aware plan when the learned router has a trained "
+        "planner (it replaces the predicted cascade); compose:plan works either way",
+    )
+    plan_latency_weight: float = Field(
+        0.0,
+        ge=0,
+        le=10,
+        description="μ: the quality one more round trip costs a plan (> 0 lets it call two workers at "
+        "once); metadata.latency_weight overrides it per request",
+    )
+    plan_code_exec: bool = Field(
+        False, description="a plan compares code answers by running them (isolated subprocess, timeout)"
+    )
     router_dir: Path | None = Field(
         None, description="None: <data_dir>/router (models from `polyroute router train`)"
     )

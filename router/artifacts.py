@@ -39,6 +39,9 @@ class RouterArtifact:
     card: dict[str, Any] = field(default_factory=dict)
     version: str = ""
     format: int = FORMAT
+    # the answer-aware planner (router/planner.py CascadePlanner), from `--strategy cascade`; None: none
+    # trained. Older pickles lack the attribute: the class default (None) answers for them.
+    cascade: Any = None
 
 
 def new_version(payload: bytes) -> str:

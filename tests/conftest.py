@@ -13,6 +13,9 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+# OpenMP threads that spin while they wait (libgomp's default) make LightGBM's training 20-100x slower
+# on a 2-core machine busy with anything else; read when libgomp loads, so set before any import.
+os.environ.setdefault("OMP_WAIT_POLICY", "passive")
 
 from gateway import Settings, create_app  # noqa: E402
 from gateway.state import AppState  # noqa: E402

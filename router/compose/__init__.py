@@ -3,6 +3,8 @@
 One interface (`Workflow.run(Run) -> Outcome`), one small module per workflow: cascade,
 ensemble + fuse, builder/verifier, debate. Every step goes through `Run.call`, which keeps the
 workflow inside the admissible pool and under the request's cost ceiling, and records the trace.
+The answer-aware plan (`router.compose.planned.Planned`) is imported from its module: it needs
+router/evidence.py, which itself imports this package's acceptance checks.
 """
 
 from router.compose.acceptance import AcceptanceModel, acceptance_threshold, answer_features, final_answer

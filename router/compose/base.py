@@ -66,19 +66,23 @@ class Outcome:
     workflow: str
     steps: list[Step]
     note: str = ""  # why it ended as it did (accepted at depth 1, ceiling reached, degraded...)
+    detail: dict[str, Any] = field(default_factory=dict)  # workflow-specific summary (a plan's rounds)
 
     @property
     def cost_usd(self) -> Decimal:
         return sum((s.cost_usd for s in self.steps), Decimal(0))
 
     def trace(self) -> dict[str, Any]:
-        return {
+        trace = {
             "workflow": self.workflow,
             "note": self.note,
             "final_worker": self.answer.worker if self.answer else None,
             "cost_usd": f"{self.cost_usd:f}",
             "steps": [s.public() for s in self.steps],
         }
+        if self.detail:
+            trace["detail"] = self.detail
+        return trace
 
 
 def chars(messages: Sequence[dict[str, Any]]) -> int:

@@ -11,7 +11,8 @@ probability α, a cheap worker a (quality q_a) escalating to the strongest b (q_
 
 The cascade is chosen when Q − λ·C/c_max beats the best single worker by `margin`. Ensemble,
 builder/verifier and debate have no offline data to predict their gain from, so `auto` never
-picks them; they run when asked for by name.
+picks them; they run when asked for by name. When the router in force has a trained planner
+(router/planner.py), `auto` runs the answer-aware plan instead (router/compose/planned.py).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from decimal import Decimal
 
 from router.decide import Estimate, utility
 
-WORKFLOWS = ("cascade", "ensemble", "builder", "debate")
+WORKFLOWS = ("cascade", "ensemble", "builder", "debate", "plan")
 PREFIX = "compose:"
 
 

@@ -76,6 +76,8 @@ class FakeUpstream:
         self.default = default or Behaviour()
         self.behaviours: dict[str, Behaviour] = {}
         self.requests: deque[dict[str, Any]] = deque(maxlen=2000)
+        # (model, arrived, answered) per chat request, monotonic clock: which calls were in flight at once
+        self.spans: deque[tuple[str, float, float]] = deque(maxlen=2000)
         self.app = Starlette(
             routes=[
                 Route("/v1/chat/completions", self._chat, methods=["POST"]),
@@ -96,6 +98,7 @@ class FakeUpstream:
     def reset(self) -> None:
         self.behaviours.clear()
         self.requests.clear()
+        self.spans.clear()
 
     def requests_for(self, model: str) -> list[dict[str, Any]]:
         return [r for r in self.requests if r.get("model") == model]
@@ -109,12 +112,19 @@ class FakeUpstream:
         return JSONResponse({"object": "list", "data": data})
 
     async def _chat(self, request: Request) -> Response:
+        arrived = time.monotonic()
         try:
             body = orjson.loads(await request.body())
         except orjson.JSONDecodeError:
             return JSONResponse({"error": {"message": "bad json", "type": "invalid_request_error"}}, 400)
         self.requests.append(body)
         model = str(body.get("model", ""))
+        try:
+            return await self._answer(body, model)
+        finally:
+            self.spans.append((model, arrived, time.monotonic()))
+
+    async def _answer(self, body: dict[str, Any], model: str) -> Response:
         behaviour = self._behaviour(model)
         behaviour.calls += 1
         if behaviour.latency_s:

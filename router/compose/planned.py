@@ -1,0 +1,206 @@
+"""The answer-aware plan: after each round the planner reads the answers so far and calls more, or stops.
+
+The planner (router/planner.py) compares stopping now — returning the answer its post-hoc estimator
+rates best, from the answers' agreement, the workers' priors, form and checks (router/evidence.py) —
+with calling another worker (or, with a latency weight, two at once). Every call goes through
+`Run.call`, so the plan stays inside the admissible pool and under the request's cost ceiling:
+workers whose predicted cost no longer fits are masked out before the planner chooses, a worker
+that fails (error, timeout, empty answer) is dropped for the rest of the plan and never retried,
+and a ceiling stop returns the best answer so far and says so. Besides the workers' calls, a round
+costs a few regexes and two small tree-model predictions (well under a millisecond), run inline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import replace
+from typing import Any
+
+from router.answers import Kind, detect_kind
+from router.compose.base import Answer, CeilingReached, Outcome, Run, Step, StepFailed
+from router.evidence import Answers, read_answers
+from router.planner import CascadePlanner, Decision, State
+
+log = logging.getLogger("polyroute.compose")
+
+CodeKeys = Callable[[str, Sequence[str]], Awaitable[tuple[Sequence[str | None], Sequence[float | None]]]]
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+class Planned:
+    """Workflow "plan": `planner` decides round by round over `run.pool`.
+
+    ``log_odds`` (each worker's prior log-odds of answering this query right) and ``costs`` (its
+    predicted USD) are aligned with ``run.pool``; ``latency_weight`` (μ) is what one more round trip
+    costs in quality units (μ > 0 lets the planner call two workers in the same round);
+    ``code_keys`` (async ``(query, texts) -> (keys, assert_pass)``) compares code answers by
+    behaviour, None by canonical source."""
+
+    name = "plan"
+
+    def __init__(
+        self,
+        planner: CascadePlanner,
+        log_odds: Sequence[float],
+        costs: Sequence[float],
+        latency_weight: float = 0.0,
+        code_keys: CodeKeys | None = None,
+        parallel: int = 2,
+    ) -> None:
+        if len(log_odds) != len(costs):
+            raise ValueError(f"{len(log_odds)} priors but {len(costs)} costs")
+        if not math.isfinite(latency_weight) or latency_weight < 0:
+            raise ValueError("latency_weight must be a finite number >= 0")
+        self.planner = planner
+        self.log_odds = [float(x) for x in log_odds]
+        self.costs = [float(c) for c in costs]
+        self.latency_weight = float(latency_weight)
+        self.code_keys = code_keys
+        self.parallel = parallel
+
+    async def read(self, question: str, texts: Sequence[str]) -> Answers:
+        """The answers so far as the planner sees them (code run in a subprocess when asked to)."""
+        kind = detect_kind(question, texts)
+        if kind is Kind.CODE and self.code_keys is not None:
+            try:
+                keys, passes = await self.code_keys(question, list(texts))
+                return read_answers(question, texts, kind=kind, code_keys=keys, assert_pass=passes)
+            except Exception:  # running the code is evidence, not a requirement
+                log.warning("comparing code answers by behaviour failed; by source instead", exc_info=True)
+        return read_answers(question, texts, kind=kind)
+
+    def decide(self, state: State, run: Run, allowed: Sequence[bool]) -> Decision:
+        return self.planner.decide(
+            state,
+            self.log_odds,
+            self.costs,
+            run.cost_weight,
+            latency_weight=self.latency_weight,
+            parallel=self.parallel,
+            allowed=allowed,
+            names=[w.name for w in run.pool],
+        )
+
+    async def run(self, run: Run) -> Outcome:
+        pool = run.pool
+        if len(pool) != len(self.log_odds):
+            raise ValueError(f"{len(pool)} workers in the pool but {len(self.log_odds)} priors")
+        question = run.question
+        called: list[int] = []  # pool indices that answered, in order (State.called)
+        answers: list[Answer] = []
+        answer_steps: list[Step] = []
+        dropped: set[int] = set()  # failed, or refused by the ceiling: never called again
+        rounds: list[list[str]] = []
+        calls = 0
+        ceiling_hit = False
+        state = State.of(question)
+        decision: Decision | None = None
+        for round_no in range(1, self.planner.max_calls + 1):  # each round calls at least one worker
+            allowed = [
+                k not in dropped and k not in called and run.fits(worker, run.messages)
+                for k, worker in enumerate(pool)
+            ]
+            decision = self.decide(state, run, allowed)
+            if not decision.call:
+                break
+            before = len(run.steps)
+            results = await asyncio.gather(
+                *(run.call("answer", pool[k], run.messages) for k in decision.call), return_exceptions=True
+            )
+            verdict = f"round {round_no}: {decision.reason}"
+            went: list[str] = []
+            for k, result in zip(decision.call, results, strict=True):
+                if isinstance(result, Answer):
+                    step = _step_of(run.steps[before:], pool[k].name)
+                    step.verdict = verdict
+                    called.append(k)
+                    answers.append(result)
+                    answer_steps.append(step)
+                    went.append(pool[k].name)
+                elif isinstance(result, StepFailed):
+                    dropped.add(k)
+                    _step_of(
+                        run.steps[before:], pool[k].name
+                    ).verdict = f"{verdict}; failed, dropped from the plan"
+                    went.append(pool[k].name)
+                elif isinstance(result, CeilingReached):
+                    dropped.add(k)  # run.call recorded it as "skipped: cost ceiling"
+                    ceiling_hit = True
+                else:  # a bug (a worker outside the pool...), or cancellation: not the plan's to absorb
+                    raise result
+            calls += len(went)
+            if went:
+                rounds.append(went)
+            if len(answers) > len(state.called):
+                read = await self.read(question, [a.text for a in answers])
+                state = State.of(question, called, read)
+            decision = None
+        if decision is None:  # as many rounds as the planner may make calls: stop with the best answer
+            decision = self.decide(state, run, [False] * len(pool))
+            decision = replace(decision, reason=f"{_plural(self.planner.max_calls, 'round')} made")
+            wanted = None
+        else:
+            wanted = self._ceiling_blocked(state, run, called, dropped)
+        if wanted is not None:
+            ceiling_hit = True
+            run.steps.append(Step("answer", wanted, verdict="skipped: cost ceiling"))
+        detail: dict[str, Any] = {"rounds": rounds, "calls": calls}
+        done = f"{_plural(len(rounds), 'round')}, {_plural(calls, 'call')}"
+        if not answers or decision.answer is None:
+            if ceiling_hit and not calls:
+                why = f"cost ceiling ${run.ceiling_usd:f}: no worker fits"
+            else:
+                why = f"no worker answered after {done}" + ("; cost ceiling reached" if ceiling_hit else "")
+            return Outcome(None, self.name, run.steps, why, detail)
+        chosen = decision.answer
+        p = float(decision.scores[chosen]) if len(decision.scores) > chosen else float("nan")
+        step = answer_steps[chosen]
+        step.verdict = f"chosen (P={p:.2f}); {step.verdict}"
+        detail["chosen"] = answers[chosen].worker
+        if ceiling_hit:
+            wanted_text = f" (the plan wanted {wanted})" if wanted else ""
+            note = f"cost ceiling reached after {done}: best answer so far{wanted_text}"
+        else:
+            note = f"stopped after {done}: {decision.reason.removeprefix('stop: ')}"
+        return Outcome(answers[chosen], self.name, run.steps, note, detail)
+
+    def _ceiling_blocked(self, state: State, run: Run, called: list[int], dropped: set[int]) -> str | None:
+        """The worker the plan would have called next were it not for the cost ceiling, if any."""
+        pool = run.pool
+        over = [
+            k not in dropped and k not in called and not run.fits(w, run.messages) for k, w in enumerate(pool)
+        ]
+        if not any(over):
+            return None
+        unbounded = self.decide(state, run, [k not in dropped and k not in called for k in range(len(pool))])
+        blocked = [k for k in unbounded.call if over[k]]
+        return pool[blocked[0]].name if blocked else None
+
+
+def _step_of(steps: Sequence[Step], worker: str) -> Step:
+    """The step `Run.call` recorded for `worker` among this round's steps (one per worker)."""
+    for step in reversed(steps):
+        if step.worker == worker and step.role == "answer":
+            return step
+    raise RuntimeError(f"no step recorded for {worker}")  # Run.call always records one
+
+
+def plan_header(detail: dict[str, Any]) -> str:
+    """`rounds=2; calls=3; steps=cheap+mid,pricey`: a "+" joins workers called in the same round."""
+    rounds = detail.get("rounds") or []
+    steps = ",".join("+".join(r) for r in rounds)
+    return f"rounds={len(rounds)}; calls={detail.get('calls', 0)}; steps={steps}"
+
+
+def check_planner(planner: CascadePlanner) -> None:
+    """Run `planner` on a made-up query, before and after one answer: a planner whose models do not
+    match this code (other features) fails here, when its router file loads, not on a client's request."""
+    query = "Which is right?\nA) one\nB) two"
+    for state in (State.of(query), State.of(query, (0,), read_answers(query, ["A"]))):
+        planner.decide(state, [0.0, 1.0], [1.0, 2.0], 0.5, latency_weight=0.1)
