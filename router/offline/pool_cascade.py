@@ -89,16 +89,26 @@ def _curve(run: Replay) -> list[dict]:
     return curve
 
 
-def _operating(run: Replay, target: float) -> tuple[int, str]:
-    """The cheapest λ whose (validation) accuracy reaches ``target``, else the most accurate λ."""
+def _operating(run: Replay, target: float, budget: float) -> tuple[int, str]:
+    """The cheapest λ whose (validation) accuracy reaches ``target`` (the best single worker's) at no
+    more than ``budget`` (its cost); else the most accurate λ within that budget; else the cheapest λ."""
     accuracy, spent = run.accuracy(), run.mean_cost()
-    reaching = np.flatnonzero(accuracy >= target - 1e-12)
+    within = spent <= budget * (1 + 1e-9)
+    reaching = np.flatnonzero((accuracy >= target - 1e-12) & within)
     if reaching.size:
         at = int(reaching[np.argmin(spent[reaching])])
-        return at, f"cheapest λ whose validation accuracy reaches the best single worker's ({target:.3f})"
-    return int(np.argmax(accuracy)), (
-        f"no λ reached the best single worker's validation accuracy ({target:.3f}): most accurate λ"
-    )
+        return at, (
+            f"cheapest λ whose validation accuracy reaches the best single worker's ({target:.3f}) "
+            "at no more than its cost"
+        )
+    if within.any():
+        candidates = np.flatnonzero(within)
+        at = int(candidates[np.argmax(accuracy[candidates])])
+        return at, (
+            f"no λ reached the best single worker's validation accuracy ({target:.3f}) at its cost: "
+            "the most accurate λ within its cost"
+        )
+    return int(np.argmin(spent)), "every λ cost more than the best single worker on validation: the cheapest"
 
 
 def evaluate_cascade(
@@ -156,7 +166,7 @@ def evaluate_cascade(
     complete = np.flatnonzero(~(np.isnan(Y).any(axis=1) | np.isnan(C).any(axis=1)))
     held = replay(planners.for_row, book_train, complete, rec.log_odds, cost_cf, C, Y, lambdas)
     best, _ = best_and_cheapest(train)
-    at, how = _operating(held, float(Y[complete, best].mean()))
+    at, how = _operating(held, float(Y[complete, best].mean()), float(C[complete, best].mean()))
 
     say("test: replaying the test files")
     replay_started = time.perf_counter()
