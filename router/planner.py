@@ -54,7 +54,7 @@ VALUE_FEATURES = (
 )
 # The gain of a call can only fall as the best answer held gets better, and only rise with the
 # called workers' priors: LightGBM keeps those directions, so the trees cannot fit noise against them.
-GAIN_MONOTONE = {"best": -1, "call_prior_max": 1, "call_gain": 1}
+GAIN_MONOTONE = {"best": -1, "best_prior": -1, "call_prior_max": 1, "call_over_best": 1, "call_gain": 1}
 SET_CANDIDATES = 6  # sets are formed among the best single calls only (50 workers stay cheap)
 MAX_SET = 3  # a call scored as a whole may hold up to this many workers
 DEFAULT_MAX_CALLS = 6
@@ -119,11 +119,16 @@ class Boosted:
             return self
         import lightgbm
 
-        # Leaves of at least 1/20 of the rows on small data (a few hundred queries), 100 on big data.
+        # Leaves of at least 1/20 of the rows on small data (a few hundred queries), 100 on big data;
+        # one thread on small data (OpenMP threads spinning against a busy core cost far more than
+        # they save: 20-100x slower fits were seen on a loaded 2-core machine).
         params = {
             **self.params,
             "min_child_samples": min(self.params["min_child_samples"], max(5, len(y) // 20)),
+            "n_jobs": 1 if len(y) < 50_000 else -1,
         }
+        if self.monotone:
+            params["monotone_constraints"] = [self.monotone.get(j, 0) for j in range(X.shape[1])]
         if self.objective == "binary":
             model = lightgbm.LGBMClassifier(**params).fit(X, (y >= 0.5).astype(int))
         else:
