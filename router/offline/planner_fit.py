@@ -10,7 +10,8 @@ Two models are learned from the training queries' recorded answers and labels:
   myopic, but a set is scored as a whole, so "a second opinion, then maybe the frontier model" is seen
   as the superset it may become (Dekoninck et al.), not as a sum of one-step gains. Fitted value
   iteration (the gain of a call *and* the plan after it, from rollouts, with λ as an input) was tried
-  too and was worse on validation: its noise on cheap calls made plans call worker after worker.
+  too and was worse on validation: its noise on cheap calls made plans call worker after worker;
+  so was a second round fitted on the states the first round's planners visit (no clear gain).
 
 Cross-fitting keeps it honest: each query is walked by models that never saw it (fold models), the
 value targets come from those walks, and each fold keeps its own planner, so the training files can
@@ -34,7 +35,6 @@ from router.planner import Boosted, CascadePlanner, gain_model, value_rows
 
 POSTHOC_STATES = 6  # random multi-answer states per query, besides every single answer
 GAIN_STATES = 4  # random states with answers per query, besides "no answer yet"
-WALKS = 3  # planner walks per query (each at its own random λ) for the second round
 PAIR_SHARE = 0.25  # share of the possible pairs sampled as calls from each state
 TRIPLE_SHARE = 0.04  # and of the triples
 
@@ -90,8 +90,8 @@ def gain_samples(
     share of the pairs. The target is the score of the answer the post-hoc estimator picks once the
     call's answers are in, minus the score of the one it picks now (0 with none): a difference of
     outcomes, so the planner never compares two models' errors. ``posthoc_for(i)`` is the post-hoc
-    model that judges query i (one that never saw it); ``visited`` replaces the random states by the
-    states a planner passed through (see :func:`visited_states`)."""
+    model that judges query i (one that never saw it); ``visited`` (query → states) replaces the
+    random states, e.g. by the states a planner passed through."""
     rng = np.random.default_rng(seed)
     X, y, owner = [], [], []
     k = rec.workers
@@ -130,37 +130,6 @@ def gain_samples(
     return np.vstack(X), np.asarray(y, dtype=float), np.asarray(owner)
 
 
-def visited_states(
-    rec: Recorded,
-    rows: Sequence[int],
-    planner_for: Callable[[int], CascadePlanner],
-    costs: np.ndarray,
-    seed: int,
-) -> dict[int, list[list[int]]]:
-    """The states each query's plan passes through, walked by ``planner_for(i)`` at a few random λ
-    (log-uniform over 1e-3..1): the states the planner will actually meet, for the second round."""
-    rng = np.random.default_rng(seed)
-    out: dict[int, list[list[int]]] = {}
-    for i in rows:
-        seen: dict[tuple[int, ...], None] = {}
-        memo: dict = {}
-        for _ in range(WALKS):
-            lam = float(10 ** rng.uniform(-3, 0))
-            called: list[int] = []
-            while True:
-                key = tuple(called)
-                seen.setdefault(tuple(sorted(called)), None)
-                state = rec.book.state(i, called)
-                decision = planner_for(i).decide(
-                    state, rec.log_odds[i], costs[i], lam, memo=memo.setdefault(key, {})
-                )
-                if not decision.call:
-                    break
-                called.extend(decision.call)
-        out[i] = [list(s) for s in seen]
-    return out
-
-
 @dataclass
 class FittedPlanners:
     """The planner fitted on every training query, and per fold one that never saw the fold."""
@@ -174,16 +143,9 @@ class FittedPlanners:
 
 
 def fit_planner(
-    rec: Recorded,
-    *,
-    costs: np.ndarray | None = None,
-    k: int = 5,
-    seed: int = 0,
-    progress: Callable[[str], None] | None = None,
+    rec: Recorded, *, k: int = 5, seed: int = 0, progress: Callable[[str], None] | None = None
 ) -> FittedPlanners:
-    """Cross-fitted post-hoc estimator and gain model; see the module docstring. With ``costs``
-    (predicted USD per query and worker, cross-fitted like the priors) a second round refits the gain
-    model on the states the first round's planners actually visit, besides the random ones."""
+    """Cross-fitted post-hoc estimator and gain model; see the module docstring."""
     say = progress or (lambda _: None)
     n = len(rec.book)
     parts = folds(n, k, seed + 7)
@@ -200,30 +162,15 @@ def fit_planner(
     posthoc = Boosted(seed=seed).fit(X, y)
     say("gain samples")
     GX, gy, gowner = gain_samples(rec, range(n), lambda i: posthoc_by_fold[fold_of[i]], seed + 1)
-
-    def fit_gains(tag: str) -> tuple[list[CascadePlanner], CascadePlanner]:
-        planners = []
-        for f in range(k):
-            say(f"gain model{tag}, fold {f + 1}/{k}")
-            keep = fold_of[gowner] != f
-            planners.append(CascadePlanner(posthoc_by_fold[f], gain_model(seed).fit(GX[keep], gy[keep])))
-        say(f"gain model{tag}, all queries")
-        return planners, CascadePlanner(posthoc, gain_model(seed).fit(GX, gy))
-
-    by_fold, final = fit_gains("")
-    rounds = 1
-    if costs is not None:
-        say("round 2: the states the planners visit")
-        visited = visited_states(rec, range(n), lambda i: by_fold[fold_of[i]], costs, seed + 2)
-        VX, vy, vowner = gain_samples(rec, range(n), lambda i: posthoc_by_fold[fold_of[i]], seed + 3, visited)
-        GX, gy, gowner = np.vstack([GX, VX]), np.concatenate([gy, vy]), np.concatenate([gowner, vowner])
-        by_fold, final = fit_gains(" (round 2)")
-        rounds = 2
-    final.card = {
-        "posthoc_samples": len(y),
-        "gain_samples": len(gy),
-        "queries": n,
-        "folds": k,
-        "rounds": rounds,
-    }
+    by_fold = []
+    for f in range(k):
+        say(f"gain model, fold {f + 1}/{k}")
+        keep = fold_of[gowner] != f
+        by_fold.append(CascadePlanner(posthoc_by_fold[f], gain_model(seed).fit(GX[keep], gy[keep])))
+    say("gain model, all queries")
+    final = CascadePlanner(
+        posthoc,
+        gain_model(seed).fit(GX, gy),
+        card={"posthoc_samples": len(y), "gain_samples": len(gy), "queries": n, "folds": k},
+    )
     return FittedPlanners(final, fold_of, by_fold)
