@@ -52,7 +52,7 @@ from router.compose import (
 )
 from router.compose.planned import Planned, plan_header
 from router.decide import Estimate
-from router.learned import logit
+from router.evidence import logit
 
 log = logging.getLogger("polyroute.compose")
 

@@ -19,6 +19,11 @@ from rich.table import Table
 
 from polyroute.cli_retrieval import ingest_command, retrieval_app
 
+# Training fits LightGBM and torch models with OpenMP, whose idle threads spin by default: on a small
+# machine busy with anything else that made fits 20-100x slower. Read when the runtime loads (lazily,
+# after this line), so an explicit setting in the environment still wins.
+os.environ.setdefault("OMP_WAIT_POLICY", "passive")
+
 app = typer.Typer(help="polyroute: a cost-aware multi-model routing gateway.", no_args_is_help=True)
 keys_app = typer.Typer(help="Create, list and revoke API keys (stored hashed in the data dir).")
 app.add_typer(keys_app, name="keys")
@@ -467,14 +472,12 @@ def _train_cascade(
 ) -> None:
     """`router train --strategy cascade`: the prior and the planner, on files or GSM8K that record answers."""
     import dataclasses
-    import time
-
-    import numpy as np
 
     from router import save_artifact
     from router.offline import load_format
     from router.offline.pool_cascade import NoAnswers, train_cascade
-    from router.offline.routellm import STRONG, WEAK, load_gsm8k_answers
+    from router.offline.report import stage_printer
+    from router.offline.routellm import gsm8k_dataset, load_gsm8k_answers
 
     renames = _renames(map_)
     try:
@@ -484,31 +487,14 @@ def _train_cascade(
             ds = load_format(fmt, files)
             sources = {"format": fmt, "files": [str(f) for f in files], "renamed": renames}
         elif dataset == "routellm":
-            from router.offline.dataset import RoutingDataset
-
-            answers = load_gsm8k_answers(_routellm_root(data) / "gsm8k" / "gsm8k_responses.csv")
-            ds = RoutingDataset(
-                name="gsm8k",
-                texts=answers["prompts"],
-                workers=[WEAK, STRONG],
-                labels=np.column_stack([answers["y_weak"], answers["y_strong"]]),
-                groups=["gsm8k"] * len(answers["prompts"]),
-                turns=[1] * len(answers["prompts"]),
-                responses=[
-                    list(p) for p in zip(answers["weak_answers"], answers["strong_answers"], strict=True)
-                ],
-            )
+            ds = gsm8k_dataset(load_gsm8k_answers(_routellm_root(data) / "gsm8k" / "gsm8k_responses.csv"))
             sources = {"dataset": "routellm/gsm8k", "renamed": renames}
         else:
             console.print(f"[red]unknown dataset {dataset!r}[/] (known: routellm)")
             raise typer.Exit(2)
         ds = dataclasses.replace(ds, workers=[renames.get(w, w) for w in ds.workers])
-        started = time.perf_counter()
         console.print(f"training the planner on {len(ds)} queries × {len(ds.workers)} workers")
-
-        def say(stage: str) -> None:
-            console.print(f"[dim]{time.perf_counter() - started:6.1f}s[/] {stage}")
-
+        say = stage_printer(console)
         artifact = train_cascade(
             ds,
             backend=backend,

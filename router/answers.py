@@ -11,7 +11,7 @@ answers themselves when the query says little):
 | code     | the query asks for a function/program, or answers hold code | the main function, canonicalised |
 | number   | the query asks how many/much or to compute, answers end in a number | the final number, canonical |
 | span     | short answers (a few words)                                | lower-case, no articles/punctuation |
-| text     | anything else                                              | none: compare by embedding instead |
+| text     | anything else                                              | none: agrees with nobody (no embedding comparison yet) |
 
 The same functions run live (the planner in the gateway) and offline (the replay that evaluates
 it), so what is measured is what runs. Pure Python, no model: cheap enough for every step.

@@ -351,25 +351,11 @@ async def run_behaviour_async(
     timeout_s: float = 5.0,
     per_call_s: float = 0.5,
 ) -> list[Behaviour | None]:
-    """`run_behaviour` for the event loop (the gateway): the same job and result, an asyncio child."""
-    job = _job(sources, inputs, asserts, timeout_s, per_call_s)
-    if job is None:
-        return [None] * len(sources)
-    with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as cwd:
-        try:
-            proc = await asyncio.create_subprocess_exec(*_COMMAND, cwd=cwd, **_SPAWN)
-        except OSError:
-            return [None] * len(sources)
-        stdout: bytes | None = None
-        try:
-            stdout, _ = await asyncio.wait_for(proc.communicate(job), timeout_s)
-        except TimeoutError:
-            stdout = None
-        finally:
-            if proc.returncode is None:  # timed out or cancelled
-                _kill(proc.pid)
-                await asyncio.shield(proc.wait())
-    return _parse(stdout, sources, inputs, asserts)
+    """`run_behaviour` off the event loop (the gateway). A cancelled caller does not wait for it; the
+    child still ends by its own timeout."""
+    return await asyncio.to_thread(
+        run_behaviour, sources, inputs, asserts, timeout_s=timeout_s, per_call_s=per_call_s
+    )
 
 
 # ---- keys ------------------------------------------------------------------------------------------
@@ -410,7 +396,5 @@ def behaviour_keys(
 async def behaviour_keys_async(
     query: str, answers: Sequence[str], *, timeout_s: float = 5.0
 ) -> tuple[list[str | None], list[float | None]]:
-    """`behaviour_keys` for the event loop."""
-    sources, inputs, asserts = _plan(query, answers)
-    behaviours = await run_behaviour_async(sources, inputs, asserts, timeout_s=timeout_s)
-    return keys_from(answers, sources, inputs, behaviours)
+    """`behaviour_keys` off the event loop: parsing the answers and running them both block."""
+    return await asyncio.to_thread(behaviour_keys, query, answers, timeout_s=timeout_s)

@@ -6,7 +6,7 @@ identities), so the same estimator serves a new task or a new worker:
 
 * **agreement**: answers are normalised by their kind (router/answers.py: choice letter, final
   number, canonical span; code by its *behaviour* on shared inputs, router/code_behaviour.py; free
-  text by embedding similarity) into classes of answers that say the same thing. A class backed by
+  text has no key yet) into classes of answers that say the same thing. A class backed by
   several workers, or by workers the router trusts, is more often right;
 * **priors**: each worker's P(right | query) from the query-only router (the step-0 model), as
   log-odds, for the answer itself, its class and the strongest rival class;
@@ -21,7 +21,6 @@ The same code runs live (gateway) and offline (the replay that measures it).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -33,8 +32,6 @@ from router.compose.acceptance import answer_features
 
 KINDS = tuple(Kind)
 NO_PRIOR = -6.0  # log-odds standing for "no such answer" (P ≈ 0.0025)
-# Answers whose embeddings are at least this similar say the same thing (free text only).
-TEXT_SAME_CLASS = 0.9
 
 POSTHOC_FEATURES = (
     "prior",  # this worker's log-odds of being right on this query (step-0 model)
@@ -58,9 +55,11 @@ POSTHOC_FEATURES = (
 )
 
 
-def logit(p: float) -> float:
-    p = min(max(float(p), 1e-3), 1 - 1e-3)
-    return math.log(p / (1 - p))
+def logit(p):
+    """log(p / (1 − p)) with p clipped to [0.001, 0.999], for a number or an array of them."""
+    clipped = np.clip(np.asarray(p, dtype=float), 1e-3, 1 - 1e-3)
+    out = np.log(clipped / (1 - clipped))
+    return float(out) if out.ndim == 0 else out
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,20 +88,16 @@ def read_answers(
     kind: Kind | None = None,
     code_keys: Sequence[str | None] | None = None,
     assert_pass: Sequence[float | None] | None = None,
-    text_vectors: np.ndarray | None = None,
 ) -> Answers:
     """Kind, keys, form and checks of ``texts`` (the answers to ``query`` obtained so far).
 
     ``code_keys``/``assert_pass`` come from running the code (router/code_behaviour.py), which the
     caller does because it needs a subprocess; without them code is compared by its canonical source.
-    ``text_vectors`` (unit-norm embeddings of the answers) group free-text answers by similarity.
+    Free text has no key: it agrees with nobody (comparing it by embedding is not built yet).
     """
     kind = kind or detect_kind(query, texts)
-    n = len(texts)
     if kind is Kind.CODE and code_keys is not None:
         keys: list[str | None] = list(code_keys)
-    elif kind is Kind.TEXT and text_vectors is not None and n:
-        keys = similarity_keys(np.asarray(text_vectors, dtype=float))
     else:
         letters = choice_letters(query)
         keys = [answer_key(t, kind, letters) for t in texts]
@@ -119,7 +114,7 @@ def assemble(
     """:class:`Answers` from keys already made (the offline replay caches them per answer)."""
     n = len(texts)
     if kind is Kind.NUMBER:
-        arithmetic = np.array([arithmetic_checks(query, t) for t in texts])
+        arithmetic = np.array([answer_features(query, t) for t in texts])
     else:
         arithmetic = np.zeros((n, len(ARITHMETIC)))
     return Answers(
@@ -130,28 +125,6 @@ def assemble(
         arithmetic.reshape(n, len(ARITHMETIC)),
         len(choice_letters(query)) if kind is Kind.CHOICE else 0,
     )
-
-
-def arithmetic_checks(query: str, text: str) -> np.ndarray:
-    """The worked-arithmetic checks of :data:`ARITHMETIC` for one answer (number kind only): the
-    FrugalGPT-style acceptance features (router/compose/acceptance.py)."""
-    return answer_features(query, text)
-
-
-def similarity_keys(vectors: np.ndarray, threshold: float = TEXT_SAME_CLASS) -> list[str | None]:
-    """Free-text answers grouped greedily: each joins the first earlier class whose first member is
-    at least ``threshold`` similar (cosine of unit vectors), else starts its own."""
-    heads: list[int] = []
-    keys: list[str | None] = []
-    for j in range(len(vectors)):
-        for h in heads:
-            if float(vectors[j] @ vectors[h]) >= threshold:
-                keys.append(f"text{h}")
-                break
-        else:
-            heads.append(j)
-            keys.append(f"text{j}")
-    return keys
 
 
 def classes(keys: Sequence[str | None], members: Sequence[int]) -> dict[object, list[int]]:

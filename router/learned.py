@@ -8,7 +8,6 @@ workers (exploration, off by default) so the model can learn about them.
 
 from __future__ import annotations
 
-import math
 import random
 from decimal import Decimal
 from typing import Any
@@ -24,12 +23,6 @@ DEFAULT_COST_WEIGHT = 0.5
 # Cold start: a worker with a catalog `profile_like` counts its profile's prediction as this many
 # labelled examples, so its own model takes over as feedback accumulates (n / (n + strength)).
 PRIOR_STRENGTH = 20
-
-
-def logit(p: float, clip: float = 1e-3) -> float:
-    """log(p / (1 − p)), with p clipped to [clip, 1 − clip] (router/evidence.py's convention)."""
-    p = min(max(float(p), clip), 1 - clip)
-    return math.log(p / (1 - p))
 
 
 class LearnedRouter:
@@ -64,10 +57,6 @@ class LearnedRouter:
     def planner(self) -> Any:
         """The artifact's answer-aware planner (router/planner.py), or None when none was trained."""
         return getattr(self.artifact, "cascade", None)
-
-    def log_odds(self, request: RouteRequest, pool: list[Worker]) -> list[float]:
-        """Each pool worker's prior log-odds of answering ``request`` right: the planner's priors."""
-        return [logit(e.quality) for e in self.estimates(request, pool)]
 
     def predict_quality(self, text: str, turns: int = 1) -> dict[str, float]:
         x = self.features.transform([text], [turns])

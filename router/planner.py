@@ -173,7 +173,6 @@ class Decision:
 
     call: tuple[int, ...]
     answer: int | None
-    expected: float  # predicted quality of the chosen option (net of the plan's later spending)
     reason: str
     scores: tuple[float, ...] = ()  # post-hoc P(right) of each answer held
 
@@ -262,7 +261,7 @@ class CascadePlanner:
         open_ = [k for k in range(len(log_odds)) if k not in state.called and (allowed is None or allowed[k])]
         if not open_ or len(state.called) >= self.max_calls:
             why = "every admissible worker asked" if not open_ else f"{self.max_calls} calls made"
-            return Decision((), best, held, f"stop: {why}", tuple(scores))
+            return Decision((), best, f"stop: {why}", tuple(scores))
         top = float(costs.max())
         prices = costs / top if top > 0 else np.zeros_like(costs)
         calls: list[tuple[int, ...]] = [(k,) for k in open_]
@@ -284,7 +283,7 @@ class CascadePlanner:
         choice = int(np.argmax(utility))
         if best is not None and utility[choice] <= 0.0:
             return Decision(
-                (), best, held, f"stop: no call adds more than it costs (best P={held:.2f})", tuple(scores)
+                (), best, f"stop: no call adds more than it costs (best P={held:.2f})", tuple(scores)
             )
         call = calls[choice]
         gain = float(gains[choice])
@@ -303,7 +302,7 @@ class CascadePlanner:
             reason = f"call {named(call)} at once, the cheapest of a set (expected gain {gain:+.3f})"
         else:
             reason = f"call {named(call)} (expected gain {gain:+.3f})"
-        return Decision(call, None, held + gain, reason, tuple(scores))
+        return Decision(call, None, reason, tuple(scores))
 
 
 def value_rows(

@@ -129,8 +129,7 @@ def walk(
     depending on what one fit of the planner happens to prefer."""
     from gateway.schemas import ChatCompletionRequest
     from router import RouteRequest
-    from router.evidence import read_answers
-    from router.learned import logit
+    from router.evidence import logit, read_answers
     from router.planner import State
 
     router = gw.state.router.current

@@ -97,7 +97,6 @@ class Planned:
         answer_steps: list[Step] = []
         dropped: set[int] = set()  # failed, or refused by the ceiling: never called again
         rounds: list[list[str]] = []
-        calls = 0
         ceiling_hit = False
         state = State.of(question)
         decision: Decision | None = None
@@ -134,7 +133,6 @@ class Planned:
                     ceiling_hit = True
                 else:  # a bug (a worker outside the pool...), or cancellation: not the plan's to absorb
                     raise result
-            calls += len(went)
             if went:
                 rounds.append(went)
             if len(answers) > len(state.called):
@@ -150,6 +148,7 @@ class Planned:
         if wanted is not None:
             ceiling_hit = True
             run.steps.append(Step("answer", wanted, verdict="skipped: cost ceiling"))
+        calls = sum(len(r) for r in rounds)
         detail: dict[str, Any] = {"rounds": rounds, "calls": calls}
         done = f"{_plural(len(rounds), 'round')}, {_plural(calls, 'call')}"
         if not answers or decision.answer is None:

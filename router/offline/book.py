@@ -55,17 +55,7 @@ class AnswerBook:
 
     def state(self, i: int, called: Sequence[int]) -> State:
         """The plan's state for query ``i`` after calling ``called`` (in order)."""
-        if not called:
-            return State(self.kind(i, ()), (), None, self._options(i))
-        answers = self.read(i, called)
-        return State(
-            answers.kind, tuple(called), answers, self._options(i) if answers.kind is Kind.CHOICE else 0
-        )
-
-    def _options(self, i: int) -> int:
-        if i not in self._letters:
-            self._letters[i] = choice_letters(self.queries[i])
-        return len(self._letters[i])
+        return State.of(self.queries[i], called, self.read(i, called) if called else None)
 
     def read(self, i: int, members: Sequence[int]) -> Answers:
         """The answers of workers ``members`` (in that order) to query ``i``, as the planner sees them."""

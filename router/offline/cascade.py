@@ -28,7 +28,15 @@ from router.compose.acceptance import AcceptanceModel
 from router.offline.book import AnswerBook
 from router.offline.metrics import baselines, evaluate_router
 from router.offline.planner_fit import Recorded, fit_planner
-from router.offline.routellm import GSM8K_FILE, PRICES_PER_M, STRONG, WEAK, WORKER_ALIASES, load_gsm8k_answers
+from router.offline.routellm import (
+    GSM8K_FILE,
+    PRICES_PER_M,
+    STRONG,
+    WEAK,
+    WORKER_ALIASES,
+    gsm8k_dataset,
+    load_gsm8k_answers,
+)
 from router.offline.split import cross_fit
 
 
@@ -125,11 +133,10 @@ def planner_escalation(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Per query, cross-fitted: the planner's expected gain from asking GPT-4 once Mixtral has answered
     (its escalation score), and the post-hoc P(Mixtral's answer is right)."""
-    labels = np.column_stack([data["y_weak"], data["y_strong"]])
-    book = AnswerBook(
-        data["prompts"], [[w, s] for w, s in zip(data["weak_answers"], data["strong_answers"], strict=True)]
-    )
-    rec = Recorded.from_priors(book, priors, labels)
+    ds = gsm8k_dataset(data)
+    assert ds.responses is not None
+    book = AnswerBook(ds.texts, ds.responses)
+    rec = Recorded.from_priors(book, priors, ds.labels)
     planners = fit_planner(rec, k=k, seed=seed)
     gain, posthoc = np.empty(len(book)), np.empty(len(book))
     for i in range(len(book)):

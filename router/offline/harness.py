@@ -13,7 +13,6 @@ Three runs, one per kind of data (`polyroute router eval` calls them; each retur
 from __future__ import annotations
 
 import argparse
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,13 +23,14 @@ from router.offline.dataset import RoutingDataset
 from router.offline.formats import load_format
 from router.offline.plots import plot_cost_curves, plot_frontier, plot_splits
 from router.offline.pool_cascade import DECISION as CASCADE_DECISION
-from router.offline.pool_cascade import NoAnswers, evaluate_cascade
+from router.offline.pool_cascade import evaluate_cascade
 from router.offline.report import (
     console_for,
     jsonable,
     print_cascade_table,
     print_pool_summary,
     print_routellm_table,
+    stage_printer,
     write_json,
 )
 from router.offline.routellm import DEFAULT_OUTPUT_TOKENS, DEFAULT_ROOT, PRICES_PER_M, load_routellm
@@ -162,7 +162,7 @@ def run_gsm8k_cascade(
 
 @dataclass(frozen=True)
 class PoolStrategy:
-    """An N-worker strategy: ``evaluate(train, test, features, *, model, seed, progress)`` returns the
+    """An N-worker strategy: ``evaluate(train, test, features, *, model, seed, progress, say)`` returns the
     result body (``workers``, ``routers`` with ``ours``, ``singles``, ...); ``decision`` says in one
     sentence how it picks, for the report's definitions."""
 
@@ -214,19 +214,8 @@ def run_pool_eval(
         )
         console.print(f"[yellow]{note}[/]")
         strategy, chosen = "fast", POOL_STRATEGIES["fast"]
-    try:
-        if strategy == "cascade":
-            started = time.perf_counter()
-
-            def say(stage: str) -> None:
-                if progress:
-                    console.print(f"[dim]{time.perf_counter() - started:6.1f}s[/] {stage}")
-
-            body = chosen.evaluate(train, test, features, model=model, seed=seed, progress=progress, say=say)
-        else:
-            body = chosen.evaluate(train, test, features, model=model, seed=seed, progress=progress)
-    except NoAnswers as exc:  # pragma: no cover - guarded above
-        raise ValueError(str(exc)) from None
+    say = stage_printer(console, progress)
+    body = chosen.evaluate(train, test, features, model=model, seed=seed, progress=progress, say=say)
     report = jsonable(
         {
             "format": fmt,

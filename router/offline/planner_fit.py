@@ -49,7 +49,7 @@ class Recorded:
 
     @classmethod
     def from_priors(cls, book: AnswerBook, priors: np.ndarray, labels: np.ndarray) -> Recorded:
-        return cls(book, np.vectorize(logit)(np.asarray(priors, dtype=float)), np.asarray(labels, float))
+        return cls(book, logit(priors), np.asarray(labels, float))
 
     @property
     def workers(self) -> int:
@@ -82,26 +82,21 @@ def gain_samples(
     rows: Sequence[int],
     posthoc_for: Callable[[int], Boosted],
     seed: int,
-    visited: dict[int, list[list[int]]] | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(features, targets, query of each sample) for the gain of a call.
 
     States are "no answer yet" and random sets of 1–3 answers; calls are every worker not asked and a
-    share of the pairs. The target is the score of the answer the post-hoc estimator picks once the
+    share of the pairs and triples. The target is the score of the answer the post-hoc estimator picks once the
     call's answers are in, minus the score of the one it picks now (0 with none): a difference of
     outcomes, so the planner never compares two models' errors. ``posthoc_for(i)`` is the post-hoc
-    model that judges query i (one that never saw it); ``visited`` (query → states) replaces the
-    random states, e.g. by the states a planner passed through."""
+    model that judges query i (one that never saw it)."""
     rng = np.random.default_rng(seed)
     X, y, owner = [], [], []
     k = rec.workers
     for i in rows:
         posthoc = posthoc_for(i)
         lo = rec.log_odds[i]
-        if visited is None:
-            states = [[]] + [_subset(rng, k, 1, 3) for _ in range(GAIN_STATES)]
-        else:
-            states = visited.get(i, [])
+        states = [[]] + [_subset(rng, k, 1, 3) for _ in range(GAIN_STATES)]
         plans: list[tuple[list[int], list[tuple[int, ...]]]] = []
         blocks: list[np.ndarray] = []
         for members in states:  # every judgement this query needs, predicted in one batch

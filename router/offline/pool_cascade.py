@@ -64,10 +64,6 @@ class NoAnswers(ValueError):
     """The files record no worker answers, so an answer-aware plan cannot be replayed on them."""
 
 
-def _log_odds(p: np.ndarray) -> np.ndarray:
-    return np.vectorize(logit, otypes=[float])(np.nan_to_num(np.asarray(p, dtype=float), nan=0.5))
-
-
 def _rule_voters(train: RoutingDataset, best: int) -> tuple[int, int]:
     """The issue's voters when present; else the two most accurate workers costing under a fifth of the
     best single worker (the same shape of rule on any pool)."""
@@ -174,7 +170,7 @@ def evaluate_cascade(
         lambda i: planners.final,
         book_test,
         range(len(test)),
-        _log_odds(quality),
+        logit(np.nan_to_num(quality, nan=0.5)),
         predicted_cost,
         data.test_costs,
         test.labels,
@@ -239,7 +235,7 @@ def evaluate_cascade(
         "cascade": {
             **planners.final.card,
             "validation": "cross-fitted replay of the training files: each query planned by fold models "
-            "(prior, cost, post-hoc, value) that never saw it",
+            "(prior, cost, post-hoc, gain) that never saw it",
             "replay_ms_per_decision": round(per_query_ms, 3),
         },
         "cost_model": cost_model_report(predicted_cost, data),

@@ -28,7 +28,7 @@ class Replay:
     cost: np.ndarray
     calls: np.ndarray
     rounds: np.ndarray
-    first: np.ndarray  # [L, n] the first worker called (-1: a pair)
+    first: np.ndarray  # [L, n] the first worker called
 
     def accuracy(self) -> np.ndarray:
         return np.nanmean(self.score, axis=1)

@@ -10,7 +10,8 @@ from __future__ import annotations
 import json
 import math
 import sys
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +46,17 @@ def console_for(stderr: bool = False) -> Any:
 
     stream = sys.stderr if stderr else sys.stdout
     return Console(stderr=stderr) if stream.isatty() else Console(stderr=stderr, width=130)
+
+
+def stage_printer(console: Any, enabled: bool = True) -> Callable[[str], None]:
+    """A ``say(stage)`` for long jobs: each stage on its own line, after the seconds since it was made."""
+    started = time.perf_counter()
+
+    def say(stage: str) -> None:
+        if enabled:
+            console.print(f"[dim]{time.perf_counter() - started:6.1f}s[/] {stage}")
+
+    return say
 
 
 def _fmt(value: float | None, pct: bool = False) -> str:

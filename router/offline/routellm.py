@@ -437,3 +437,19 @@ def load_gsm8k_answers(path: str | Path = GSM8K_FILE) -> dict[str, Any]:
         "cost_weak": cost(WEAK),
         "cost_strong": cost(STRONG),
     }
+
+
+def gsm8k_dataset(data: dict[str, Any]) -> RoutingDataset:
+    """:func:`load_gsm8k_answers`'s rows as a two-worker dataset (Mixtral, GPT-4) with both answers, for
+    the planner: training it (`router train --strategy cascade --dataset routellm`) and replaying it."""
+    n = len(data["prompts"])
+    return RoutingDataset(
+        name="gsm8k",
+        texts=list(data["prompts"]),
+        workers=[WEAK, STRONG],
+        labels=np.column_stack([data["y_weak"], data["y_strong"]]),
+        groups=["gsm8k"] * n,
+        turns=[1] * n,
+        costs=np.column_stack([data["cost_weak"], data["cost_strong"]]),
+        responses=[[w, s] for w, s in zip(data["weak_answers"], data["strong_answers"], strict=True)],
+    )

@@ -152,9 +152,13 @@ def evaluate_pool(
     seed: int = 0,
     lambdas: Sequence[float] = DEFAULT_LAMBDAS,
     progress: bool = False,
+    say: Callable[[str], None] | None = None,
 ) -> dict:
-    """Fit on ``train``, score ``test`` (aligned by :func:`router.offline.split.align`); the result body."""
+    """Fit on ``train``, score ``test`` (aligned by :func:`router.offline.split.align`); the result body.
+    ``say`` hears the stages of the job."""
+    say = say or (lambda _: None)
     data = PoolData.prepare(train, test, features, progress)
+    say(f"fitting the quality model ({model}), the cost model and the baselines")
     started = time.perf_counter()
     validation = Validation(data.train, data.X_train, seed, lambdas)
     operating = validation.operating_lambda(model)
