@@ -3,18 +3,20 @@
 The embedded store appends to `<data dir>/ledger.jsonl` (the Redis ledger of the scale-out issue
 keeps the same records). The query text is kept only for data classes that may be stored
 (never PII or secrets), so training from traffic never copies personal data into the ledger.
-Feedback is its own record, joined to its request at training time.
+Feedback is its own record, joined to its request at training time; a score says where it came
+from (a user, the judge worker, a calibration probe) so training can weigh each source.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -44,8 +46,15 @@ class RequestRecord:
     query: str | None = None
     turns: int = 1
     trace: dict | None = None  # a composed request's steps (workers, costs, verdicts)
+    # How the router chose, when it did (auto or an alias, one worker): the choice, its probability
+    # and what replaying another router on this request needs (router/offline/ledger.py).
+    route: dict | None = None
     at: float = field(default_factory=time.time)
     type: str = "request"
+
+
+# Where a score comes from. Records written before sources existed are user feedback.
+FEEDBACK_SOURCES = ("user", "judge", "calibration")
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,9 +62,12 @@ class FeedbackRecord:
     request_id: str
     tenant: str
     score: float  # 0..1
-    worker: str | None
+    worker: str | None  # the worker whose answer is scored
     at: float = field(default_factory=time.time)
     type: str = "feedback"
+    source: str = "user"  # one of FEEDBACK_SOURCES
+    judge: str | None = None  # source "judge": the worker that graded the answer
+    cost_micros: int = 0  # what producing this score cost (the judge call)
 
 
 def storable_query(text: str | None, data_class: str | None) -> str | None:
@@ -146,17 +158,50 @@ class Ledger:
             self._fh.close()
 
 
-def training_rows(records: Iterator[dict]) -> list[dict]:
-    """Join feedback to requests: one row per (query, worker, score); the latest feedback wins."""
+def training_rows(records: Iterator[dict], weights: Mapping[str, float] | None = None) -> list[dict]:
+    """Join scores to requests: one row per request with a stored query and at least one counted score.
+
+    Scores come from several sources (FeedbackRecord.source: users, the judge worker, calibration
+    probes). Per request and source the latest score counts (a user may change their mind). A row's
+    `score` is the mean of its sources' scores weighted by `weights[source]` and its `weight` the sum
+    of those weights, so a weight-averaged mean of rows (router/offline/ledger.py) weighs each
+    (request, source) score by its source's weight. A source weighted 0 or absent from `weights` is
+    left out; `weights=None` counts every source once. Rows also carry what an offline evaluation
+    of another router needs: the request id, its `route` record and its cost.
+    """
+    if weights is not None:
+        bad = {s: w for s, w in weights.items() if not (math.isfinite(w) and w >= 0)}
+        if bad:
+            raise ValueError(f"source weights must be finite and >= 0, got {bad}")
     requests: dict[str, dict] = {}
-    scores: dict[str, float] = {}
+    scores: dict[str, dict[str, float]] = {}
     for record in records:
         if record.get("type") == "request" and record.get("query") and record.get("worker"):
             requests[record["id"]] = record
         elif record.get("type") == "feedback":
-            scores[record["request_id"]] = float(record["score"])
-    return [
-        {"query": r["query"], "turns": r.get("turns", 1), "worker": r["worker"], "score": scores[rid]}
-        for rid, r in requests.items()
-        if rid in scores
-    ]
+            source = record.get("source") or "user"
+            scores.setdefault(record["request_id"], {})[source] = float(record["score"])
+    rows = []
+    for rid, request in requests.items():
+        weighed = {
+            source: (1.0 if weights is None else weights.get(source, 0.0), score)
+            for source, score in scores.get(rid, {}).items()
+        }
+        weighed = {source: pair for source, pair in weighed.items() if pair[0] > 0}
+        if not weighed:
+            continue
+        total = sum(w for w, _ in weighed.values())
+        rows.append(
+            {
+                "id": rid,
+                "query": request["query"],
+                "turns": request.get("turns", 1),
+                "worker": request["worker"],
+                "score": sum(w * score for w, score in weighed.values()) / total,
+                "weight": total,
+                "sources": {source: score for source, (_, score) in weighed.items()},
+                "route": request.get("route"),
+                "cost_micros": int(request.get("cost_micros") or 0),
+            }
+        )
+    return rows

@@ -1,0 +1,239 @@
+"""`polyroute router calibrate`: the command around polyroute/calibrate.py (what it does and why is there).
+
+Reads the settings a gateway would (POLYROUTE_*, REDIS_URL), prints the plan and its estimated cost,
+then (unless --dry-run) runs it with a progress bar showing the spend, and fits what was graded.
+Exit codes: 0 done (or stopped at the cap: rerun to resume), 1 some calls failed (rerun retries
+them), 2 bad input or a state the run cannot start from.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from decimal import Decimal, InvalidOperation
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+from rich.table import Table
+
+console = Console(stderr=True)
+
+
+def _usd(value: Decimal) -> str:
+    return f"${value:.4f}" if value < 1 else f"${value:.2f}"
+
+
+def _fail(message: str, code: int = 2) -> typer.Exit:
+    console.print(f"[red]{message}[/]")
+    return typer.Exit(code)
+
+
+def _records(settings) -> list[dict]:
+    """The ledger a gateway with these settings writes (file or Redis); empty when there is none yet."""
+    from gateway.ledger_export import ledger_records
+
+    try:
+        return list(ledger_records(Path(settings.data_dir), settings.redis_url))
+    except FileNotFoundError:
+        return []
+    except Exception as exc:
+        if type(exc).__module__.startswith("redis"):
+            raise _fail(f"cannot read the ledger from Redis: {exc}") from None
+        raise
+
+
+def _print_plan(plan, cap: Decimal, seed: int) -> Decimal:
+    from polyroute.calibrate import estimate
+
+    kinds: dict[str, int] = {}
+    for probe in plan.probes:
+        kinds[probe.type] = kinds.get(probe.type, 0) + 1
+    console.print(
+        f"{len(plan.probes)} probes from {plan.probe_set.path} ({plan.probe_set.version}, seed {seed}): "
+        + ", ".join(f"{n} {kind}" for kind, n in kinds.items())
+    )
+    for name, reason in plan.unavailable.items():
+        console.print(f"[yellow]skipping {name}[/]: {reason}")
+    if plan.done:
+        console.print(f"resuming: {plan.done} (worker, probe) pairs were graded by an earlier run")
+    table = Table("worker", "calls", "estimated", "at most (max_tokens)", title="estimated cost")
+    expected_total = worst_total = Decimal(0)
+    for row in estimate(plan):
+        table.add_row(row.worker, str(row.pairs), _usd(row.expected_usd), _usd(row.worst_usd))
+        expected_total += row.expected_usd
+        worst_total += row.worst_usd
+    table.add_row("total", str(len(plan.pending)), _usd(expected_total), _usd(worst_total), style="bold")
+    console.print(table)
+    console.print(
+        f"cost cap {_usd(cap)}" + (": the run may stop there (rerun to resume)" if worst_total > cap else "")
+    )
+    return expected_total
+
+
+def _quiet_logs() -> None:
+    """Warnings above the progress bar; a failed call is counted in the summary, not logged each time."""
+    from rich.logging import RichHandler
+
+    logging.basicConfig(
+        level=logging.WARNING,
+        format="%(name)s: %(message)s",
+        handlers=[RichHandler(console=console, show_path=False)],
+    )
+    logging.getLogger("polyroute.upstream").setLevel(logging.ERROR)
+
+
+def _short(text: str, limit: int = 80) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _print_result(result, plan) -> None:
+    table = Table("worker", "graded", "mean score", "errors", "skipped by policy", "spent")
+    for worker in plan.workers:
+        tally = result.tallies[worker.name]
+        skipped = ", ".join(f"{n} ({rule}: {tally.reasons[rule]})" for rule, n in tally.skipped.items())
+        table.add_row(
+            worker.name,
+            str(tally.graded),
+            f"{tally.mean:.2f}" if tally.mean is not None else "-",
+            f"{tally.errors}" + (f" (last: {_short(tally.last_error)})" if tally.last_error else ""),
+            skipped or "-",
+            _usd(tally.spent),
+        )
+    console.print(table)
+    for name, reason in result.unavailable.items():
+        console.print(f"[yellow]{name} was not called[/]: {reason}")
+    for name, tally in result.tallies.items():
+        if tally.gave_up:
+            console.print(
+                f"[yellow]gave up on {name} after {tally.failing} failed calls in a row[/]; its other probes "
+                "are left for a rerun"
+            )
+
+
+def calibrate_command(
+    workers: Annotated[
+        str | None, typer.Option(help="comma-separated worker names [default: every available worker]")
+    ] = None,
+    probes: Annotated[int, typer.Option(min=1, help="probes per worker, stratified over answer types")] = 200,
+    max_cost_usd: Annotated[
+        str, typer.Option(help="stop before a call would take this run's spend over this (USD)")
+    ] = "2.00",
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="print the plan and its estimated cost; send nothing")
+    ] = False,
+    seed: Annotated[int, typer.Option(help="which probes (the same seed resumes the same set)")] = 0,
+    concurrency: Annotated[int, typer.Option(min=1, max=32, help="calls in flight at once")] = 4,
+    tenant: Annotated[
+        str, typer.Option(help="the tenant the policy is evaluated for and the ledger records")
+    ] = "calibration",
+    probe_file: Annotated[
+        Path | None, typer.Option(help="a probe file (JSON lines) [default: the shipped set]")
+    ] = None,
+    workers_file: Annotated[Path | None, typer.Option(help="worker catalog YAML")] = None,
+    router_dir: Annotated[Path | None, typer.Option(help="model store [default: <data dir>/router]")] = None,
+    data_dir: Annotated[
+        Path | None,
+        typer.Option("--data-dir", help="state directory [env POLYROUTE_DATA_DIR, default .polyroute]"),
+    ] = None,
+) -> None:
+    """Measure workers on labelled probes through the gateway's worker path, grade them into the ledger
+    (source: calibration), fit their vectors and put the new router in force. A rerun resumes."""
+    from gateway import Settings
+    from policies import CatalogError, load_catalog
+    from polyroute.calibrate import (
+        CalibrationError,
+        fit_workers,
+        make_plan,
+        parse_worker_names,
+        run_calibration,
+    )
+    from router.probes import ProbeError, load_probes
+
+    try:
+        cap = Decimal(max_cost_usd)
+    except InvalidOperation:
+        raise _fail(f"--max-cost-usd must be a number of dollars, got {max_cost_usd!r}") from None
+    if not cap.is_finite() or cap <= 0:
+        raise _fail(f"--max-cost-usd must be more than 0, got {max_cost_usd}")
+    data_dir = data_dir or Path(os.environ.get("POLYROUTE_DATA_DIR") or ".polyroute")
+    try:
+        settings = Settings.from_env(data_dir=data_dir, workers_file=workers_file, router_dir=router_dir)
+        catalog = load_catalog(settings.workers_file)
+        probe_set = load_probes(probe_file)
+        plan = make_plan(
+            catalog,
+            probe_set,
+            probes,
+            seed,
+            parse_worker_names(workers),
+            _records(settings),
+            settings.local_workers,
+        )
+    except (CatalogError, ProbeError, CalibrationError, ValueError) as exc:
+        raise _fail(str(exc)) from None
+    if not plan.workers:
+        raise _fail("no worker can be called: " + "; ".join(f"{n}: {r}" for n, r in plan.unavailable.items()))
+    _print_plan(plan, cap, seed)
+    if dry_run:
+        console.print("dry run: nothing was sent")
+        return
+    root = Path(settings.router_dir or Path(settings.data_dir) / "router")
+    _quiet_logs()
+    result = None
+    if plan.pending:
+        with Progress(
+            TextColumn("[bold]calibrating[/]"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("spent {task.fields[spent]} of {task.fields[cap]}"),
+            TimeElapsedColumn(),
+            TimeRemainingColumn(),
+            console=console,
+        ) as bar:
+            task = bar.add_task("calibrate", total=len(plan.pending), spent=_usd(Decimal(0)), cap=_usd(cap))
+
+            def progress(pair, outcome, spent) -> None:
+                bar.update(task, advance=1, spent=_usd(spent))
+
+            try:
+                result = asyncio.run(
+                    run_calibration(
+                        settings, catalog, plan, cap, tenant, concurrency, progress, bar.console.print
+                    )
+                )
+            except CalibrationError as exc:
+                raise _fail(str(exc)) from None
+        _print_result(result, plan)
+        if result.capped:
+            console.print(
+                f"[yellow]stopped at the cost cap[/] ({_usd(result.spent)} spent of {_usd(cap)}): "
+                f"{result.left} calls left; run the same command again to resume"
+            )
+            if result.blocked is not None and result.blocked[1] > cap:
+                worker, hold = result.blocked
+                console.print(
+                    f"[yellow]a call to {worker} may cost up to {_usd(hold)} alone, more than the cap: "
+                    "raise --max-cost-usd to go on[/]"
+                )
+        else:
+            left = f"; {result.left} calls left for a rerun" if result.left else ""
+            console.print(f"done: {_usd(result.spent)} spent{left}")
+    else:
+        console.print(f"nothing to send: all {plan.done} (worker, probe) pairs are graded")
+    with console.status("fitting the workers' vectors …"):
+        fit = fit_workers(root, _records(settings), probe_set, [w.name for w in plan.workers])
+    colour = {"fitted": "green", "no_labels": "yellow", "no_router": "yellow", "no_onboard": "yellow"}
+    console.print(f"[{colour.get(fit.status, 'red')}]{fit.message}[/]")
+    if (result is not None and result.errors) or fit.status == "failed":
+        raise typer.Exit(1)

@@ -1,0 +1,228 @@
+"""Graders for calibration probes: an answer and its gold → a score in [0, 1], what was read, and why.
+
+One grader per answer type (router/probes), each reading answers the way workers actually write them:
+
+| type   | reads                                                         | score                        |
+|--------|---------------------------------------------------------------|------------------------------|
+| choice | the chosen letter ("C", "(C)", "The answer is C", "**C**")   | 1 if it is the gold letter   |
+| number | `\\boxed{..}`, else after "Answer:"/"####"/"answer is", else the last number; fractions too | 1 if equal within `rel_tol` |
+| match  | the answer, SQuAD-normalised (case, punctuation, articles)    | 1 if an accepted answer appears in it, else token F1 (`partial: f1`) or 0 |
+| code   | the answer's Python (fenced block, or the whole answer)       | 1 if every test passes, else 0 |
+
+Code runs in router/code_behaviour.py's sandbox: a separate `python -I -S -B` interpreter in a fresh
+temporary directory, with limits on memory, CPU, files and processes, a timer per statement and a
+kill of its whole process group at the timeout. An answer that loops, crashes or exits scores 0.
+It is a guard against mistakes, not a security boundary (see that module).
+
+Pure functions; reading an answer never raises (a grader that cannot read an answer scores it 0
+and says so in `detail`). Shared readers (choice letters, span normalisation, Python extraction)
+come from router/answers.py, so a letter is read the same way here and in the cascade.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from router.answers import choice_key, python_source, span_key
+from router.code_behaviour import run_behaviour
+
+if TYPE_CHECKING:
+    from router.probes import Probe
+
+CODE_TIMEOUT_S = 15.0  # the whole test run of one answer
+CODE_PER_CALL_S = 3.0  # one statement or one test: generous, the machine may be busy
+
+
+@dataclass(frozen=True, slots=True)
+class Grade:
+    score: float  # 0..1
+    extracted: str | None  # what the grader read from the answer (a letter, a number, ...)
+    detail: str  # for people: why this score
+
+
+# ---- choice -----------------------------------------------------------------------------------------
+_MARKDOWN = re.compile(r"[*_`]+")
+_BRACKETED = re.compile(r"[\(\[]([A-J])[\)\]]")
+
+
+def chosen_letter(answer: str, letters: str) -> str | None:
+    """The option chosen: router.answers.choice_key on the answer without markdown emphasis
+    ("The answer is: **C**"), else the one offered letter the answer names in brackets ("I'd pick (C)
+    iron"); None when it names none or several."""
+    plain = _MARKDOWN.sub("", answer or "").replace("is:", "is")
+    if len(plain.strip(" .\n")) == 1 and plain.strip(" .\n").upper() in letters:
+        return plain.strip(" .\n").upper()  # a lone letter, even lower case
+    chosen = choice_key(plain, letters)
+    if chosen is not None:
+        return chosen
+    named = {m.group(1) for m in _BRACKETED.finditer(plain) if m.group(1) in letters}
+    return named.pop() if len(named) == 1 else None
+
+
+def grade_choice(answer: str, gold: str, letters: str = "ABCD") -> Grade:
+    chosen = chosen_letter(answer, letters)
+    if chosen is None:
+        return Grade(0.0, None, f"no option letter ({letters}) found")
+    right = chosen == gold
+    return Grade(1.0 if right else 0.0, chosen, f"chose {chosen}, gold {gold}")
+
+
+# ---- number -----------------------------------------------------------------------------------------
+_FRAC = re.compile(r"^(-?)\\[dt]?frac\{\s*(-?\d+(?:\.\d+)?)\s*\}\{\s*(\d+(?:\.\d+)?)\s*\}$")
+_SHORT_FRAC = re.compile(r"^(-?)\\[dt]?frac(\d)(\d)$")  # \frac32
+_SLASH = re.compile(r"^(-?\d+(?:\.\d+)?)/(\d+(?:\.\d+)?)$")
+_PLAIN = re.compile(r"^[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:e[+-]?\d+)?$", re.IGNORECASE)
+_TEXT = re.compile(r"\\(?:text|mbox|mathrm)\{[^{}]*\}")
+# One number as written in an answer: a LaTeX fraction, a/b, or a decimal with thousands separators.
+_TOKEN = re.compile(
+    r"-?\\[dt]?frac\{\s*-?\d+(?:\.\d+)?\s*\}\{\s*\d+(?:\.\d+)?\s*\}"
+    r"|-?\d[\d,]*(?:\.\d+)?(?:\s*/\s*\d+(?:\.\d+)?)?"
+    r"|-?\.\d+"
+)
+_MARKER = re.compile(r"answer\s*(?:is|:)|####", re.IGNORECASE)
+
+
+def parse_number(text: str) -> float | None:
+    """A number as a final answer writes it: "18", "-0.5", "1,234", "$20,000.", "3/4", "\\frac{3}{4}",
+    "\\dfrac32", "45\\%", "12 \\text{cm}"; None when it is something else (an expression, words)."""
+    t = _TEXT.sub("", text or "").strip()
+    for noise in ("\\$", "$", "\\!", "\\,", "\\%", "%", "^\\circ", "^{\\circ}", "\\left", "\\right", "**"):
+        t = t.replace(noise, "")
+    t = t.replace(",", "").replace(" ", "").rstrip(".").strip("()")
+    found = _FRAC.match(t) or _SHORT_FRAC.match(t)
+    if found:
+        numerator, denominator = float(found.group(2)), float(found.group(3))
+        value = numerator / denominator if denominator else None
+        return -value if value is not None and found.group(1) else value
+    found = _SLASH.match(t)
+    if found:
+        denominator = float(found.group(2))
+        return float(found.group(1)) / denominator if denominator else None
+    if _PLAIN.match(t):
+        value = float(t)
+        return value if math.isfinite(value) else None
+    return None
+
+
+def last_boxed(text: str) -> str | None:
+    """The content of the last `\\boxed{...}` (nested braces balanced), or None."""
+    start = text.rfind("\\boxed{")
+    if start < 0:
+        return None
+    depth, i = 1, start + len("\\boxed{")
+    begin = i
+    while i < len(text) and depth:
+        depth += {"{": 1, "}": -1}.get(text[i], 0)
+        i += 1
+    return text[begin : i - 1] if depth == 0 else None
+
+
+def final_number(answer: str) -> tuple[str | None, float | None]:
+    """The answer's final number as written and its value: a `\\boxed{}` that holds a number, else the
+    first number after the last "Answer:"/"answer is"/"####", else the last number in the answer."""
+    boxed = last_boxed(answer)
+    if boxed is not None and (value := parse_number(boxed)) is not None:
+        return boxed.strip(), value
+    markers = list(_MARKER.finditer(answer))
+    if markers:
+        tail = answer[markers[-1].end() :]
+        for token in _TOKEN.findall(tail):
+            if (value := parse_number(token)) is not None:
+                return token.strip(), value
+    for token in reversed(_TOKEN.findall(answer)):
+        if (value := parse_number(token)) is not None:
+            return token.strip(), value
+    return None, None
+
+
+def grade_number(answer: str, gold: str, rel_tol: float = 1e-6) -> Grade:
+    expected = parse_number(gold)
+    if expected is None:
+        raise ValueError(f"gold {gold!r} is not a number")
+    written, value = final_number(answer or "")
+    if value is None:
+        return Grade(0.0, None, "no number found")
+    right = math.isclose(value, expected, rel_tol=rel_tol, abs_tol=1e-9)
+    return Grade(1.0 if right else 0.0, written, f"read {written}, gold {gold}")
+
+
+# ---- match ------------------------------------------------------------------------------------------
+def token_f1(prediction: str, reference: str) -> float:
+    """SQuAD's token F1 between two normalised strings."""
+    pred, ref = prediction.split(), reference.split()
+    common = sum((Counter(pred) & Counter(ref)).values())
+    if not common:
+        return 0.0
+    precision, recall = common / len(pred), common / len(ref)
+    return 2 * precision * recall / (precision + recall)
+
+
+def grade_match(answer: str, golds: Sequence[str], partial: str | None = "f1") -> Grade:
+    """1 when an accepted answer, normalised, appears whole in the normalised answer (workers add
+    words: "It was Bayreuth."); otherwise the best token F1 against an accepted answer with
+    `partial="f1"` (LLMRouter's metric for these tasks), or 0."""
+    said = span_key(answer or "")
+    accepted = [key for g in golds if (key := span_key(str(g)))]
+    if not accepted:
+        raise ValueError("no usable accepted answer")
+    if said is None:
+        return Grade(0.0, None, "empty answer")
+    for key in accepted:
+        if f" {key} " in f" {said} ":
+            return Grade(1.0, said, f"contains {key!r}")
+    if partial == "f1":
+        best = max(token_f1(said, key) for key in accepted)
+        return Grade(round(best, 4), said, f"token F1 {best:.2f} against {accepted[0]!r}")
+    return Grade(0.0, said, f"does not contain {accepted[0]!r}")
+
+
+# ---- code -------------------------------------------------------------------------------------------
+def grade_code(
+    answer: str,
+    tests: Sequence[str],
+    setup: str | None = None,
+    *,
+    timeout_s: float = CODE_TIMEOUT_S,
+    per_call_s: float = CODE_PER_CALL_S,
+) -> Grade:
+    """Run the answer's Python, after `setup` (a stub's imports and helpers), against `tests` (single
+    asserts; each calls the task's function, which is bound to the answer's main function). Blocking:
+    call it from a thread in async code."""
+    source = python_source(answer or "")
+    if source is None:
+        return Grade(0.0, None, "no Python function found in the answer")
+    program = f"{setup.rstrip()}\n\n{source}" if setup else source
+    behaviour = run_behaviour([program], [], list(tests), timeout_s=timeout_s, per_call_s=per_call_s)[0]
+    if behaviour is None or behaviour.assert_pass is None:
+        return Grade(0.0, None, f"the test run did not finish (timeout {timeout_s:g} s or a crash)")
+    passed = round(behaviour.assert_pass * len(tests))
+    return Grade(
+        1.0 if passed == len(tests) else 0.0,
+        f"{passed}/{len(tests)}",
+        f"passed {passed} of {len(tests)} tests",
+    )
+
+
+# ---- dispatch ---------------------------------------------------------------------------------------
+def grade(probe: Probe, answer: str) -> Grade:
+    """Grade `answer` to `probe` with its type's grader and the probe's parameters."""
+    params = probe.grader
+    if probe.type == "choice":
+        return grade_choice(answer, str(probe.gold), str(params.get("letters", "ABCD")))
+    if probe.type == "number":
+        return grade_number(answer, str(probe.gold), float(params.get("rel_tol", 1e-6)))
+    if probe.type == "match":
+        golds = probe.gold if isinstance(probe.gold, list) else [str(probe.gold)]
+        return grade_match(answer, golds, params.get("partial", "f1"))
+    return grade_code(
+        answer,
+        probe.tests,
+        probe.setup,
+        timeout_s=float(params.get("timeout_s", CODE_TIMEOUT_S)),
+        per_call_s=float(params.get("per_call_s", CODE_PER_CALL_S)),
+    )
