@@ -17,12 +17,14 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 
 import orjson
+from starlette.background import BackgroundTask
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from gateway import caching, compose, memory, ratelimits
 from gateway.body import heavy_if, is_large, read_model
 from gateway.errors import APIError, error_response
+from gateway.judge import completion_text
 from gateway.ledger import RequestRecord, storable_query
 from gateway.schemas import ChatCompletionRequest
 from gateway.state import AppState
@@ -38,6 +40,7 @@ from gateway.store import (
 from gateway.upstream import Completion, OpenStream, WorkerError
 from policies import Admission, PolicyRequest, PolicyRequestError, Spend, estimate_tokens, predicted_cost
 from router import RouteDecision, RouteRequest, estimate_cost
+from router.routelog import route_log
 
 log = logging.getLogger("polyroute.gateway")
 
@@ -361,6 +364,7 @@ class Exchange:
     unsettled: Usage = field(default_factory=Usage)  # answered calls of the current attempt, not yet billed
     settled: Usage = field(default_factory=Usage)  # given-up attempts' calls, already on the budget
     settled_micros: int = 0  # ... as the budget counted them (rounded up per settle)
+    route: RouteRequest | None = None  # what the router saw: its choice is logged for offline evaluation
 
     @property
     def held_micros(self) -> int:
@@ -474,7 +478,20 @@ class Exchange:
                 query=storable_query(self.chat.last_user_text(), self.admission.data_class),
                 turns=self.chat.user_turns(),
                 trace=trace,
+                route=self._route_log(state) if strategy is None else None,  # not for a composed one
             )
+        )
+
+    def _route_log(self, state: AppState) -> dict | None:
+        """How the router chose this request's worker (router/routelog.py), when it chose."""
+        if self.route is None:
+            return None
+        weight = self.route.cost_weight
+        return route_log(
+            self.decision,
+            self.route,
+            (w.name for w in self.admission.pool),
+            weight if weight is not None else state.settings.cost_weight,
         )
 
 
@@ -550,6 +567,7 @@ async def chat_completions(request: Request) -> Response:
         limits=limits,
         cache=cache_plan,
         memory=recalled,
+        route=route,
     )
     if cache_plan is not None:
         exchange.headers[caching.CACHE_HEADER] = "miss"
@@ -716,7 +734,13 @@ async def _complete(state: AppState, ex: Exchange) -> Response:
         await caching.store(state.stores.cache, ex.cache, result.worker.name, result.body)
     state.metrics.requests.labels(result.worker.name, ex.decision.strategy, "200").inc()
     state.metrics.latency.labels("false").observe(time.perf_counter() - ex.started)
-    return Response(orjson.dumps(result.body), media_type="application/json", headers=headers)
+    judged = state.judge.sample(state, ex, result.worker.name, completion_text(result.body))
+    return Response(
+        orjson.dumps(result.body),
+        media_type="application/json",
+        headers=headers,
+        background=BackgroundTask(state.judge.start, state, judged) if judged else None,  # after sending
+    )
 
 
 async def _failed(
@@ -849,6 +873,8 @@ async def _sse(
                 trace=trace,
             )
         )
+        if outcome == "completed" and (judged := state.judge.sample(state, ex, worker, stream.text)):
+            await state.judge.start(state, judged)  # its own task: the stream has been sent
         label = "200" if outcome == "completed" else outcome
         state.metrics.requests.labels(worker, ex.decision.strategy, label).inc()
         state.metrics.latency.labels("true").observe(time.perf_counter() - ex.started)

@@ -8,12 +8,15 @@ are null), written in row groups so a ledger of millions of records never sits i
 from __future__ import annotations
 
 import json
+import logging
 import sys
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
 BATCH_ROWS = 10_000
+
+log = logging.getLogger("polyroute.ledger")
 
 
 def ledger_records(data_dir: Path, redis_url: str | None) -> Iterator[dict]:
@@ -37,6 +40,31 @@ def ledger_records(data_dir: Path, redis_url: str | None) -> Iterator[dict]:
         yield from ledger.records()
     finally:
         ledger.close()
+
+
+def file_records(path: Path) -> Iterator[dict]:
+    """Every record of a ledger JSONL file (a gateway's ledger.jsonl or a JSONL export), read-only.
+
+    A torn last line (a crash mid-write) is skipped as the gateway's own reader skips it; a file that
+    is not a ledger at all fails on its first bad line, naming it."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no ledger file at {path}")
+    with open(path, encoding="utf-8") as fh:
+        lines = fh.readlines()
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            if number == len(lines):
+                log.warning("ledger %s: torn last line %d skipped", path, number)
+                continue
+            raise ValueError(f"{path}:{number}: not a JSON ledger record") from None
+        if not isinstance(record, dict) or record.get("type") not in ("request", "feedback"):
+            raise ValueError(f"{path}:{number}: not a ledger record (no type request/feedback)")
+        yield record
 
 
 def select(records: Iterator[dict], kind: str, since: datetime | None) -> Iterator[dict]:
@@ -75,6 +103,9 @@ def parquet_schema():
             ("turns", pa.int32()),
             ("score", pa.float64()),
             ("trace", pa.string()),  # a composed request's steps, as JSON
+            ("source", pa.string()),  # feedback: user, judge or calibration (null in old ledgers: user)
+            ("judge", pa.string()),  # feedback from the judge: the worker that graded
+            ("route", pa.string()),  # a routed request's choice and propensity, as JSON
         ]
     )
 
@@ -85,8 +116,9 @@ def _row(record: dict, names: list[str]) -> dict:
         row["at"] = datetime.fromtimestamp(float(row["at"]), UTC)
     if row["fallbacks"] is not None:
         row["fallbacks"] = list(row["fallbacks"])
-    if row["trace"] is not None:
-        row["trace"] = json.dumps(row["trace"], ensure_ascii=False)
+    for name in ("trace", "route"):
+        if row[name] is not None:
+            row[name] = json.dumps(row[name], ensure_ascii=False)
     return row
 
 

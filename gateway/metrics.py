@@ -60,6 +60,19 @@ class Metrics:
         self.ledger_buffered = Gauge(
             "polyroute_ledger_buffered", "Ledger records waiting to be written", registry=self.registry
         )
+        # judge-labelled traffic (gateway/judge.py)
+        self.judge = Counter(
+            "polyroute_judge_total",
+            "Answers of judge-enabled tenants by judge outcome (judged, not_sampled, budget, inadmissible, ...)",
+            ["tenant", "outcome"],
+            registry=self.registry,
+        )
+        self.judge_cost = Counter(
+            "polyroute_judge_cost_usd_total",
+            "What judge calls cost, by tenant",
+            ["tenant"],
+            registry=self.registry,
+        )
 
     def record_usage(self, worker: str, prompt_tokens: int, completion_tokens: int, cost: Decimal) -> None:
         self.tokens.labels(worker, "prompt").inc(prompt_tokens)

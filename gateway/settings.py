@@ -105,6 +105,9 @@ class Settings(BaseModel):
     cost_weight: float = Field(0.5, ge=0, description="default λ of the learned router (quality − λ·cost)")
     exploration: float = Field(0.0, ge=0, le=0.5, description="share of traffic for under-observed workers")
     exploration_min_examples: int = Field(50, ge=1)
+    judge_seed: int | None = Field(
+        None, description="seed of the judge's sampling draws (reproducible runs, tests); None: random"
+    )
     # retrieval and memory (retrieval/, gateway/collections.py, gateway/memory.py)
     qdrant_url: str | None = Field(
         None, description="Qdrant server for collections; also read from QDRANT_URL. None: local mode"

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gateway.auth import Authenticator
+from gateway.judge import Judge
 from gateway.keys import KeyStore, KeyStoreUnavailable, open_key_store
 from gateway.local_worker import LocalWorkerProcess
 from gateway.metrics import Metrics
@@ -43,6 +44,7 @@ class AppState:
     stores: Stores
     local: dict[str, LocalWorkerProcess] = field(default_factory=dict)
     background: set[asyncio.Task] = field(default_factory=set)
+    judge: Judge = field(default_factory=Judge)  # judge-labelled traffic (gateway/judge.py)
 
     @property
     def ledger(self):
@@ -138,6 +140,7 @@ def build_state(settings: Settings, catalog: Catalog | None = None) -> AppState:
         ),
         policy=policy,
         stores=open_stores(data_dir, settings.redis_url, settings.ledger_buffer_max),
+        judge=Judge(settings.judge_seed),
     )
     if settings.local_workers:
         for worker in catalog.workers:

@@ -234,6 +234,11 @@ class OpenStream:
             except Exception:  # closing a broken stream: nothing more to learn from it
                 log.debug("closing the stream of %s failed", self.worker.name, exc_info=True)
 
+    @property
+    def text(self) -> str:
+        """What the stream has delivered so far (content and tool-call text)."""
+        return "".join(self._texts)
+
     def account_cut(self) -> bool:
         """A stream that ended early (client gone, deadline, worker failure): bill what was streamed.
 

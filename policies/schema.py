@@ -112,6 +112,17 @@ class CacheSettings(Strict):
     ttl_s: int = Field(300, gt=0, le=30 * 86400)
 
 
+class JudgeSettings(Strict):
+    """Judge-labelled traffic, opt-in per tenant: a judge worker grades a sampled share of this tenant's
+    answers after they are sent, and the grades train the router (gateway/judge.py). Only public and
+    internal requests are sampled, only when the judge is admissible for the request, and only while
+    the judge's own daily spend for this tenant is under `daily_budget_usd` (not the tenant's budget)."""
+
+    worker: Name = Field(description="the catalog worker that grades")
+    sample: float = Field(0.05, gt=0, le=1, allow_inf_nan=False, description="share of answers graded")
+    daily_budget_usd: Money = Field(description="what grading this tenant's traffic may cost per UTC day")
+
+
 class Tenant(Strict):
     data_class: str | None = Field(None, description="the class of every request of this tenant, at least")
     budget: Budget = Budget()
@@ -124,6 +135,7 @@ class Tenant(Strict):
         allow_inf_nan=False,
         description="this tenant's default λ for the learned router (quality − λ·cost), 0 to 100 as per request",
     )
+    judge: JudgeSettings | None = Field(None, description="judge-labelled traffic (off unless set)")
 
 
 class Detection(Strict):

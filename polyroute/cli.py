@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
+from polyroute.cli_calibrate import calibrate_command  # `router calibrate` (issue 14): body in that module
 from polyroute.cli_retrieval import ingest_command, retrieval_app
 
 # Training fits LightGBM and torch models with OpenMP, whose idle threads spin by default: on a small
@@ -35,6 +36,7 @@ ledger_app = typer.Typer(help="The request ledger (file, or Redis when REDIS_URL
 app.add_typer(ledger_app, name="ledger")
 app.add_typer(retrieval_app, name="retrieval")
 app.command("ingest")(ingest_command)
+router_app.command("calibrate")(calibrate_command)  # issue 14: polyroute/cli_calibrate.py
 
 DEFAULT_ROUTELLM = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "routellm"
 Backend = Annotated[str, typer.Option(help="query embedding: static (fast) or transformer (MiniLM forward)")]
@@ -326,6 +328,49 @@ def _renames(items: list[str] | None) -> dict[str, str]:
     return renames
 
 
+# ---- learning from traffic: score-source weights, off-policy evaluation (docs/learning-from-traffic.md)
+WeightCalibration = Annotated[
+    float, typer.Option(min=0, help="weight of calibration-probe scores (0 leaves them out)")
+]
+WeightJudge = Annotated[
+    float, typer.Option(min=0, help="weight of the judge worker's scores (0 leaves them out)")
+]
+WeightFeedback = Annotated[float, typer.Option(min=0, help="weight of users' feedback (0 leaves it out)")]
+
+
+def _source_weights(calibration: float, judge: float, feedback: float) -> dict[str, float]:
+    """The --weight-* options as training_rows' source weights; all zero (or not finite) exits with 2."""
+    import math
+
+    weights = {"calibration": calibration, "judge": judge, "user": feedback}
+    if not all(math.isfinite(w) for w in weights.values()) or not any(weights.values()):
+        console.print(f"[red]source weights must be finite and not all 0, got {weights}[/]")
+        raise typer.Exit(2)
+    return weights
+
+
+def _ledger_rows(
+    ledger: Path | None, data_dir: Path | None, weights: dict[str, float]
+) -> tuple[list, list, str]:
+    """(records, weighted score rows, where they came from): --ledger FILE, else Redis or the data dir."""
+    from gateway.ledger import training_rows
+    from gateway.ledger_export import file_records, ledger_records
+
+    try:
+        if ledger is not None:
+            records, source = list(file_records(ledger)), str(ledger)
+        else:
+            records = list(ledger_records(_data_dir(data_dir), _redis_url()))
+            source = "redis" if _redis_url() else str(_data_dir(data_dir) / "ledger.jsonl")
+    except (FileNotFoundError, ValueError) as exc:
+        console.print(f"[red]{exc}[/]")
+        raise typer.Exit(1) from None
+    return records, training_rows(iter(records), weights), source
+
+
+# ---- end learning from traffic
+
+
 @router_app.command("train")
 def router_train(
     dataset: Annotated[str | None, typer.Option(help="a labelled dataset: routellm")] = None,
@@ -359,11 +404,17 @@ def router_train(
     workers_file: Annotated[Path | None, typer.Option(help="worker catalog YAML (tiers for priors)")] = None,
     router_dir: Annotated[Path | None, typer.Option(help="model store [default: <data dir>/router]")] = None,
     data_dir: DataDir = None,
+    weight_calibration: WeightCalibration = 1.0,
+    weight_judge: WeightJudge = 0.5,
+    weight_feedback: WeightFeedback = 1.0,
 ) -> None:
-    """Train a quality model and save it as a new version; a running gateway swaps to it."""
+    """Train a quality model and save it as a new version; a running gateway swaps to it.
+
+    With --from-ledger, each (query, worker) is labelled with the weighted mean of its scores from
+    calibration probes, the judge and users' feedback (--weight-*; see docs/learning-from-traffic.md).
+    """
     import numpy as np
 
-    from gateway.ledger import training_rows
     from policies import load_catalog
     from router import save_artifact, train_artifact
 
@@ -388,17 +439,14 @@ def router_train(
     renames = _renames(map_)
     output_tokens: dict[str, float] = {}
     if from_ledger:
-        from gateway.ledger_export import ledger_records
+        from collections import Counter
 
-        try:
-            records = list(ledger_records(_data_dir(data_dir), _redis_url()))
-        except FileNotFoundError as exc:
-            console.print(f"[red]{exc}[/]")
-            raise typer.Exit(1) from None
         from router.offline.ledger import ledger_dataset
 
+        weights = _source_weights(weight_calibration, weight_judge, weight_feedback)
+        records, rows, ledger_source = _ledger_rows(None, data_dir, weights)
         try:
-            ds = ledger_dataset(training_rows(iter(records)))
+            ds = ledger_dataset(rows)
         except ValueError as exc:
             console.print(f"[red]{exc}[/]")
             raise typer.Exit(1) from None
@@ -412,8 +460,10 @@ def router_train(
             if tokens:
                 output_tokens[worker] = float(np.median(tokens))
         sources = {
-            "ledger": "redis" if _redis_url() else str(_data_dir(data_dir) / "ledger.jsonl"),
+            "ledger": ledger_source,
             "rows": len(texts),
+            "weights": weights,
+            "scored_requests_by_source": dict(Counter(s for row in rows for s in row["sources"])),
         }
     else:
         from router.offline import load_routellm
@@ -556,6 +606,24 @@ def router_rollback(
     console.print(f"router {version} is in force again")
 
 
+@router_app.command("activate")
+def router_activate(
+    version: Annotated[str, typer.Argument(help="a version on disk (see router status)")],
+    router_dir: Annotated[Path | None, typer.Option(help="model store [default: <data dir>/router]")] = None,
+    data_dir: DataDir = None,
+) -> None:
+    """Put a trained version in force, e.g. a candidate trained with --no-activate once `router eval
+    --from-ledger --candidate` has estimated it; the one it replaces stays for rollback."""
+    from router import RouterLoadError, activate_version
+
+    try:
+        activate_version(_router_dir(router_dir, data_dir), version)
+    except RouterLoadError as exc:
+        console.print(f"[red]{exc}[/]")
+        raise typer.Exit(1) from None
+    console.print(f"router {version} is in force")
+
+
 Files = Annotated[list[Path] | None, typer.Option(help="data file, repeatable")]
 
 
@@ -596,13 +664,37 @@ def router_eval(
         ),
     ] = False,
     data_dir: DataDir = None,
+    from_ledger: Annotated[
+        bool, typer.Option("--from-ledger", help="estimate --candidate's value on logged traffic (IPS)")
+    ] = False,
+    candidate: Annotated[
+        str | None, typer.Option(help="router version to evaluate (see router status)")
+    ] = None,
+    ledger: Annotated[
+        Path | None,
+        typer.Option(help="a ledger JSONL file (ledger.jsonl or a `ledger export`) [default: the gateway's]"),
+    ] = None,
+    workers_file: Annotated[Path | None, typer.Option(help="worker catalog YAML (today's prices)")] = None,
+    router_dir: Annotated[Path | None, typer.Option(help="model store [default: <data dir>/router]")] = None,
+    confidence: Annotated[float, typer.Option(help="confidence level of the intervals")] = 0.95,
+    weight_calibration: WeightCalibration = 1.0,
+    weight_judge: WeightJudge = 0.5,
+    weight_feedback: WeightFeedback = 1.0,
 ) -> None:
     """Train on a split, evaluate on held-out data; JSON + PNG.
 
     With --format routerbench|llmrouter: train on the --train files, sweep λ on the --test files, and
-    compare with random, cheapest, best_single, knn and oracle (accuracy, cost, AIQ). Otherwise the
-    RouteLLM weak/strong evaluation (APGR, CPT) on a split of --data.
+    compare with random, cheapest, best_single, knn and oracle (accuracy, cost, AIQ). With --from-ledger
+    --candidate VERSION: the candidate's mean quality and cost on the logged traffic, by inverse propensity
+    scoring, before it is put in force. Otherwise the RouteLLM weak/strong evaluation (APGR, CPT) on a
+    split of --data.
     """
+    if from_ledger or candidate is not None:
+        weights = _source_weights(weight_calibration, weight_judge, weight_feedback)
+        _router_eval_ledger(
+            from_ledger, candidate, ledger, out, weights, workers_file, router_dir, data_dir, confidence
+        )
+        return
     if strategy not in ("fast", "cascade"):
         raise typer.BadParameter("use fast or cascade", param_hint="--strategy")
     if fmt is not None:
@@ -624,6 +716,84 @@ def router_eval(
     fit_predict = quality_fit_predict(feature_builder(backend), model, seed)
     run_routellm_eval(fit_predict, _routellm_root(data), out, plot, seed=seed)
     console.print(f"wrote {out} and {plot}")
+
+
+def _router_eval_ledger(
+    from_ledger: bool,
+    candidate: str | None,
+    ledger: Path | None,
+    out: Path | None,
+    weights: dict[str, float],
+    workers_file: Path | None,
+    router_dir: Path | None,
+    data_dir: Path | None,
+    confidence: float,
+) -> None:
+    """`router eval --from-ledger --candidate VERSION`: IPS on logged traffic (router/offline/ledger.py)."""
+    from policies import CatalogError, load_catalog
+    from router import LearnedRouter, RouterLoadError, feature_builder_for, load_version
+    from router.offline.ledger import evaluate_candidate
+
+    if not from_ledger or candidate is None:
+        console.print(
+            "[red]evaluating a candidate on logged traffic needs both --from-ledger and --candidate[/]"
+        )
+        raise typer.Exit(2)
+    if not 0 < confidence < 1:
+        raise typer.BadParameter("must be between 0 and 1, e.g. 0.95", param_hint="--confidence")
+    try:
+        catalog = load_catalog(workers_file)
+        artifact = load_version(_router_dir(router_dir, data_dir), candidate)
+        router = LearnedRouter(artifact, feature_builder_for(artifact.features))
+    except (CatalogError, RouterLoadError) as exc:
+        console.print(f"[red]{exc}[/]")
+        raise typer.Exit(1) from None
+    _, rows, source = _ledger_rows(ledger, data_dir, weights)
+    try:
+        report = evaluate_candidate(router, rows, catalog, confidence)
+    except ValueError as exc:
+        console.print(f"[red]{exc}[/]")
+        raise typer.Exit(1) from None
+    report = {"ledger": source, "weights": weights, **report}
+    _print_ips_report(report)
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(report, indent=2) + "\n")
+        console.print(f"wrote {out}")
+
+
+def _print_ips_report(report: dict) -> None:
+    def cell(estimate: dict, digits: int) -> str:
+        if estimate["value"] != estimate["value"]:  # NaN: no logged choice agrees with the candidate
+            return "no estimate"
+        value, low, high = (round(estimate[k], digits) for k in ("value", "low", "high"))
+        return f"{value} [{low}, {high}]"
+
+    level = f"{report['confidence']:.0%}"
+    table = Table("policy", f"mean quality ({level} CI)", f"mean cost USD ({level} CI)")
+    quality, cost = report["quality"], report["cost_usd"]
+    for label, key in (
+        (f"candidate {report['candidate']} (SNIPS)", "snips"),
+        ("candidate (IPS)", "ips"),
+        ("logging policy (as logged)", "logging_policy"),
+    ):
+        table.add_row(label, cell(quality[key], 3), cell(cost[key], 6))
+    out = Console()
+    out.print(table)
+    out.print(
+        f"{report['requests']} logged requests ({report['randomised_share']:.1%} drawn with exploration on); "
+        f"the candidate agrees with the logged choice on {report['agreement']:.1%}; effective sample size "
+        f"{report['effective_sample_size']:.1f}"
+    )
+    for reason, count in report["skipped"].items():
+        out.print(f"skipped {count}: {reason}")
+    if report["support"] < 1:
+        out.print(
+            f"[yellow]on {1 - report['support']:.1%} of requests the logging policy could never have chosen the "
+            "candidate's worker: those requests say nothing about the candidate (turn exploration on)[/]"
+        )
+    if report["effective_sample_size"] < 30:
+        out.print("[yellow]effective sample size under 30: the intervals are optimistic[/]")
 
 
 def _router_eval_cascade(

@@ -22,7 +22,7 @@ from router.artifacts import (
 )
 from router.decide import Choice, Estimate, choose
 from router.learned import LearnedRouter
-from router.rules import CheapestRouter, RouteDecision, RouteRequest, estimate_cost
+from router.rules import CheapestRouter, Propensity, RouteDecision, RouteRequest, estimate_cost
 from router.training import feature_builder_for, train_artifact
 
 __all__ = [
@@ -30,6 +30,7 @@ __all__ = [
     "Choice",
     "Estimate",
     "LearnedRouter",
+    "Propensity",
     "RouteDecision",
     "RouteRequest",
     "RouterArtifact",

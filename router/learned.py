@@ -17,7 +17,7 @@ import numpy as np
 from policies import Worker, estimate_tokens
 from router.artifacts import RouterArtifact
 from router.decide import Estimate, choose
-from router.rules import RouteDecision, RouteRequest, tool_capable
+from router.rules import Propensity, RouteDecision, RouteRequest, tool_capable
 
 DEFAULT_COST_WEIGHT = 0.5
 # Cold start: a worker with a catalog `profile_like` counts its profile's prediction as this many
@@ -110,8 +110,9 @@ class LearnedRouter:
         choice = choose(self.estimates(request, candidates), cost_weight, request.min_quality)
         ranked = [by_name[e.worker] for e in choice.ranked]
         strategy, reason = "fast", choice.reason
+        greedy = ranked[0].name
+        under = [w for w in ranked if self.artifact.observed.get(w.name, 0) < self.min_examples]
         if self.exploration and self._rng.random() < self.exploration:
-            under = [w for w in ranked if self.artifact.observed.get(w.name, 0) < self.min_examples]
             if under:
                 pick = self._rng.choice(under)
                 ranked = [pick, *(w for w in ranked if w is not pick)]
@@ -120,4 +121,6 @@ class LearnedRouter:
         if tools_only:
             reason += ", tool-capable"
         top = next(e for e in choice.ranked if e.worker == ranked[0].name)
-        return RouteDecision(tuple(ranked), strategy, reason, Decimal(top.cost_usd))
+        explore = tuple(w.name for w in under) if self.exploration else ()
+        drawn = Propensity.of_choice(ranked[0].name, greedy, self.exploration, explore)
+        return RouteDecision(tuple(ranked), strategy, reason, Decimal(top.cost_usd), drawn)

@@ -27,11 +27,43 @@ class RouteRequest:
 
 
 @dataclass(frozen=True, slots=True)
+class Propensity:
+    """How a learned router drew its choice, so another policy can be evaluated on the logged traffic.
+
+    With exploration ε the router keeps its greedy choice with probability 1 − ε and otherwise draws
+    uniformly among the under-observed workers (keeping the greedy one when there are none), so the
+    probability of any worker is known exactly: :meth:`of`. `probability` is that of the worker chosen.
+    """
+
+    probability: float
+    greedy: str  # the choice without exploration
+    epsilon: float = 0.0
+    explore: tuple[str, ...] = ()  # the under-observed workers exploration draws from
+
+    @classmethod
+    def of_choice(
+        cls, chosen: str, greedy: str, epsilon: float = 0.0, explore: tuple[str, ...] = ()
+    ) -> Propensity:
+        """The propensity of the worker actually chosen, computed from how it was drawn."""
+        return cls(cls(0.0, greedy, epsilon, explore).of(chosen), greedy, epsilon, explore)
+
+    def of(self, worker: str) -> float:
+        """P(the router picks `worker` first) for this request."""
+        p = (1.0 - self.epsilon) if worker == self.greedy else 0.0
+        if self.explore:
+            p += self.epsilon / len(self.explore) if worker in self.explore else 0.0
+        elif worker == self.greedy:
+            p += self.epsilon
+        return p
+
+
+@dataclass(frozen=True, slots=True)
 class RouteDecision:
     workers: tuple[Worker, ...]  # first is the choice, the rest are fallbacks, all from the pool
     strategy: str
     reason: str
     predicted_cost_usd: Decimal
+    propensity: Propensity | None = None  # a learned router's draw; None: deterministic (probability 1)
 
 
 def estimate_cost(worker: Worker, request: RouteRequest) -> Decimal:

@@ -8,7 +8,9 @@ import from router/, never the other way round (gateway/ imports router/ only).
     routellm.py     loader: RouteLLM (MMLU, GSM8K, MT-Bench; Mixtral vs GPT-4), GSM8K with answers
     routerbench.py  loader: RouterBench CSVs (every model's score, cost and answer per query)
     llmrouter.py    loader: LLMRouter JSON/JSONL (scores, tasks) and its price file
-    ledger.py       loader: the gateway ledger's feedback rows (for `router train --from-ledger`)
+    ledger.py       the gateway ledger: weighted score rows (`router train --from-ledger`), and a
+                    candidate replayed on logged choices (`router eval --from-ledger --candidate`)
+    ips.py          off-policy estimators: IPS, self-normalised IPS, their intervals, the ESS
     formats.py      format name → loader, for `router eval --format` and `router split`
     split.py        file splits, train/test alignment, RouteLLM row splits, cross-fitting folds
     metrics.py      curves and their summaries: APGR/CPT (2 workers), AIQ and goal metrics (N workers)

@@ -66,6 +66,19 @@ app.kubernetes.io/component: {{ .component }}
 {{- if or .Values.redis.enabled .Values.redis.url .Values.redis.existingSecret -}}true{{- end -}}
 {{- end -}}
 
+{{/* The REDIS_URL env entry (list items at column 0), shared by the gateway and the retrain CronJob. */}}
+{{- define "polyroute.redisEnv" -}}
+{{- if .Values.redis.existingSecret }}
+- name: REDIS_URL
+  valueFrom:
+    secretKeyRef: {name: {{ .Values.redis.existingSecret | quote }}, key: {{ .Values.redis.existingSecretKey | quote }}}
+{{- else if .Values.redis.url }}
+- {name: REDIS_URL, value: {{ .Values.redis.url | quote }}}
+{{- else if .Values.redis.enabled }}
+- {name: REDIS_URL, value: {{ printf "redis://%s:%d/0" (include "polyroute.redisName" .) (int .Values.redis.port) | quote }}}
+{{- end }}
+{{- end -}}
+
 {{/* Whether the PodDisruptionBudget is rendered: "auto" means replicas > 1 or autoscaling. */}}
 {{- define "polyroute.pdbEnabled" -}}
 {{- $setting := toString .Values.podDisruptionBudget.enabled -}}
@@ -90,6 +103,12 @@ app.kubernetes.io/component: {{ .component }}
 {{- end -}}
 {{- if and .Values.podDisruptionBudget.minAvailable .Values.podDisruptionBudget.maxUnavailable -}}
 {{- fail "podDisruptionBudget: set minAvailable or maxUnavailable, not both" -}}
+{{- end -}}
+{{- if and .Values.retrain.enabled (not (include "polyroute.hasRedis" .)) -}}
+{{- fail "retrain: the retrain job reads the ledger from Redis: set redis.enabled or redis.url (or redis.existingSecret)" -}}
+{{- end -}}
+{{- if and .Values.retrain.enabled (not .Values.routerStore.existingClaim) -}}
+{{- fail "retrain: set routerStore.existingClaim (a ReadWriteMany PVC) so the gateway sees the models the job trains" -}}
 {{- end -}}
 {{- if and .Values.localModel.enabled (not (or .Values.localModel.model.package .Values.localModel.model.existingClaim)) -}}
 {{- fail "localModel: set localModel.model.package (a GGUF package in the image) or localModel.model.existingClaim (a PVC holding the file)" -}}
