@@ -68,7 +68,12 @@ async def list_models(request: Request) -> JSONResponse:
             "object": "model",
             "created": 0,
             "owned_by": "polyroute",
-            "polyroute": {"available": bool(admission.pool), "router": state.router.current.name},
+            "polyroute": {
+                "available": bool(admission.pool),
+                "router": state.router.current.name,
+                "router_version": state.router.current.version,
+                "calibrated": sorted(w for w, b in _router_basis(state).items() if b["basis"] == "calibrated"),
+            },
         }
     ]
     engine = state.policy.engine
@@ -365,4 +370,13 @@ async def admin_router(request: Request) -> JSONResponse:
     state = _state(request)
     await state.auth.admin(request)
     versions = await asyncio.to_thread(list_versions, state.router.root)
-    return JSONResponse({**state.router.status(), "versions": versions})
+    return JSONResponse({**state.router.status(), "workers": _router_basis(state), "versions": versions})
+
+
+def _router_basis(state: AppState) -> dict[str, dict]:
+    """Per catalog worker, what the router in force knows of it: calibrated, profile_like or a prior."""
+    router = state.router.current
+    basis = getattr(router, "basis", None)
+    if basis is None:
+        return {w.name: {"basis": "rules"} for w in state.catalog.workers}
+    return {w.name: basis(w) for w in state.catalog.workers}

@@ -101,6 +101,11 @@ class Settings(BaseModel):
     router_dir: Path | None = Field(
         None, description="None: <data_dir>/router (models from `polyroute router train`)"
     )
+    router_prior: bool = Field(
+        True,
+        description="on first start (no router ever put in force in router_dir), put the shipped prior "
+        "in force (router/prior/, trained on the public routing data); false: the rule-based router",
+    )
     router_reload_interval_s: float = Field(1.0, gt=0)
     cost_weight: float = Field(0.5, ge=0, description="default λ of the learned router (quality − λ·cost)")
     exploration: float = Field(0.0, ge=0, le=0.5, description="share of traffic for under-observed workers")

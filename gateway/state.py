@@ -121,12 +121,17 @@ def build_state(settings: Settings, catalog: Catalog | None = None) -> AppState:
     policy = PolicySource(policy_path(settings), AuditLog(data_dir / "policy-audit.jsonl"))
     if policy.engine is None:
         log.error("no valid policy: every chat request is refused until one loads (%s)", policy.last_error)
+    router_dir = settings.router_dir or data_dir / "router"
+    if settings.router_prior:
+        from router.shipped import install_shipped_prior
+
+        install_shipped_prior(router_dir)
     state = AppState(
         settings=settings,
         catalog=catalog,
         auth=Authenticator(store, settings.admin_key),
         router=RouterHolder(
-            settings.router_dir or data_dir / "router",
+            router_dir,
             settings.cost_weight,
             settings.exploration,
             settings.exploration_min_examples,

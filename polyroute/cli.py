@@ -680,6 +680,18 @@ def router_eval(
     weight_calibration: WeightCalibration = 1.0,
     weight_judge: WeightJudge = 0.5,
     weight_feedback: WeightFeedback = 1.0,
+    onboard: Annotated[
+        str | None,
+        typer.Option(
+            help="with --format: a worker that keeps only --probes random training labels (onboarding)"
+        ),
+    ] = None,
+    probes: Annotated[
+        int, typer.Option(help="with --onboard: how many labelled probes the worker keeps")
+    ] = 100,
+    onboard_repeats: Annotated[
+        int, typer.Option(help="with --onboard: random probe draws averaged (each is reported)")
+    ] = 3,
 ) -> None:
     """Train on a split, evaluate on held-out data; JSON + PNG.
 
@@ -697,6 +709,11 @@ def router_eval(
         return
     if strategy not in ("fast", "cascade"):
         raise typer.BadParameter("use fast or cascade", param_hint="--strategy")
+    if onboard is not None:
+        _router_eval_onboard(
+            fmt, train or [], test or [], prices, backend, model, seed, out, onboard, probes, onboard_repeats
+        )
+        return
     if fmt is not None:
         _router_eval_files(fmt, train or [], test or [], prices, backend, model, seed, out, plot, strategy)
         return
@@ -815,6 +832,57 @@ def _router_eval_cascade(
     if save:
         saved = fit_and_save_acceptance(source, _data_dir(data_dir) / "router" / "acceptance.joblib", seed)
         console.print(f"saved the acceptance model to {saved} (the gateway's cascade verifier 'model')")
+
+
+def _router_eval_onboard(
+    fmt: str | None,
+    train: list[Path],
+    test: list[Path],
+    prices: Path | None,
+    backend: str,
+    model: str,
+    seed: int,
+    out: Path | None,
+    worker: str,
+    probes: int,
+    repeats: int,
+) -> None:
+    """`router eval --format F --onboard WORKER --probes N`: router/offline/onboard_eval.py."""
+    from router.offline import FORMATS
+    from router.offline.harness import run_onboard_eval
+    from router.offline.single import DEFAULT_MODEL, MODELS
+
+    if fmt not in FORMATS:
+        raise typer.BadParameter(
+            f"--onboard needs --format, one of {', '.join(FORMATS)}", param_hint="--format"
+        )
+    if not train or not test or out is None:
+        raise typer.BadParameter("--onboard needs --train FILE, --test FILE and --out RESULT.json")
+    if probes < 5:
+        raise typer.BadParameter("at least 5", param_hint="--probes")
+    if repeats < 1:
+        raise typer.BadParameter("at least 1", param_hint="--onboard-repeats")
+    model = DEFAULT_MODEL if model == "auto" else model
+    if model not in MODELS:
+        raise typer.BadParameter(f"use auto or one of {', '.join(MODELS)}", param_hint="--model")
+    try:
+        run_onboard_eval(
+            fmt,
+            train,
+            test,
+            out,
+            worker=worker,
+            probes=probes,
+            repeats=repeats,
+            prices=prices,
+            backend=backend,
+            model=model,
+            seed=seed,
+        )
+    except (ValueError, FileNotFoundError) as exc:
+        console.print(f"[red]{exc}[/]")
+        raise typer.Exit(1) from None
+    console.print(f"wrote {out}")
 
 
 def _router_eval_files(

@@ -48,6 +48,10 @@ class LearnedRouter:
         self.prior_strength = prior_strength
         self._rng = random.Random(seed)
         self._column = {name: i for i, name in enumerate(artifact.workers)}
+        self._tier_columns: dict[str, list[str]] = {}
+        for name, tier in (artifact.card.get("public_tiers") or {}).items():
+            if tier and name in self._column:
+                self._tier_columns.setdefault(tier, []).append(name)
 
     @property
     def version(self) -> str:
@@ -80,13 +84,41 @@ class LearnedRouter:
         return weight * predicted[worker.name] + (1.0 - weight) * like, True
 
     def _prior(self, worker: Worker, known: dict[str, float]) -> float:
-        """An unseen worker without a profile: its tier's mean quality if training saw that tier, else
-        no better than the worst known worker for this query — pessimistic, so a free unknown model
-        does not win everything on price; exploration and feedback are how it earns a better estimate."""
+        """An unseen worker without a profile: the mean predicted quality *for this query* of the model's
+        workers of its tier when the card names them (the shipped prior's public models,
+        ``card["public_tiers"]``), else its tier's mean quality if training saw that tier, else no better
+        than the worst known worker for this query — pessimistic, so a free unknown model does not win
+        everything on price; calibration, exploration and feedback are how it earns a better estimate."""
+        tiers = self._tier_columns.get(worker.tier.value)
+        if tiers:
+            return float(np.mean([known[name] for name in tiers]))
         prior = self.artifact.tier_prior.get(worker.tier.value)
         if prior is None:
             prior = min(known.values()) if known else 0.5
         return prior
+
+    def basis(self, worker: Worker) -> dict:
+        """What this router's estimate for ``worker`` rests on, for the model card and /admin/router:
+        ``calibrated`` (its own labels: probes or training data), ``profile_like`` or ``prior`` (its tier)."""
+        if worker.name in self._column:
+            onboarded = (self.artifact.card.get("onboarding") or {}).get(worker.name)
+            return {
+                "basis": "calibrated",
+                "labels": int(self.artifact.observed.get(worker.name, 0)),
+                "from": "calibration probes" if onboarded else "training data",
+            }
+        if worker.profile_like and worker.profile_like in self._column:
+            return {"basis": "profile_like", "like": worker.profile_like}
+        tiers = self._tier_columns.get(worker.tier.value)
+        return {
+            "basis": "prior",
+            "tier": worker.tier.value,
+            "from": f"the mean of {len(tiers)} public {worker.tier.value} models for each query"
+            if tiers
+            else "the tier's mean quality"
+            if worker.tier.value in self.artifact.tier_prior
+            else "the worst known worker's quality for each query",
+        }
 
     def estimates(self, request: RouteRequest, pool: list[Worker]) -> list[Estimate]:
         quality = self.predict_quality(request.text, request.turns)

@@ -120,7 +120,15 @@ class Gateway:
 
 def start_gateway(catalog: Catalog, data_dir: Path, **settings) -> Gateway:
     os.environ[FAKE_KEY_ENV] = "sk-test-upstream"
-    defaults = dict(admin_key=ADMIN_KEY, local_workers=False, retry_backoff_s=0.01, key_reload_interval_s=0)
+    # router_prior=False: these tests pin the rule-based router's choices; tests/test_shipped_prior.py
+    # starts gateways with the shipped prior in force.
+    defaults = dict(
+        admin_key=ADMIN_KEY,
+        local_workers=False,
+        retry_backoff_s=0.01,
+        key_reload_interval_s=0,
+        router_prior=False,
+    )
     config = Settings(data_dir=data_dir, **{**defaults, **settings})
     app = create_app(config, catalog)
     state: AppState = app.state.polyroute

@@ -248,6 +248,61 @@ def run_pool_eval(
     return report
 
 
+def run_onboard_eval(
+    fmt: str,
+    train_files: Sequence[str | Path],
+    test_files: Sequence[str | Path],
+    out_json: str | Path,
+    *,
+    worker: str,
+    probes: int,
+    repeats: int = 3,
+    prices: str | Path | None = None,
+    backend: str = "static",
+    model: str = "ensemble",
+    seed: int = 0,
+    progress: bool = True,
+    console: Any = None,
+) -> dict:
+    """`router eval --onboard WORKER --probes N`: onboarding from N probes against all labels and none
+    (router/offline/onboard_eval.py); writes RESULT.json, prints the table, returns the JSON."""
+    from router.offline.onboard_eval import evaluate_onboarding
+    from router.offline.report import print_onboarding
+    from router.training import feature_builder
+
+    console = console or console_for(stderr=True)
+    train = load_format(fmt, train_files, prices)
+    test = load_format(fmt, test_files, prices)
+    say = stage_printer(console, progress)
+    body = evaluate_onboarding(
+        train,
+        test,
+        feature_builder(backend),
+        worker=worker,
+        probes=probes,
+        model=model,
+        seed=seed,
+        repeats=repeats,
+        progress=progress,
+        say=say,
+    )
+    report = jsonable(
+        {
+            "format": fmt,
+            "strategy": "fast",
+            "train_files": [str(f) for f in train_files],
+            "test_files": [str(f) for f in test_files],
+            "backend": backend,
+            "seed": seed,
+            **body,
+            "data": {"train": _meta(train), "test": _meta(test)},
+        }
+    )
+    write_json(report, out_json)
+    print_onboarding(report, console_for())
+    return report
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """`python -m router.offline`: the RouteLLM harness with the text-free group-mean reference router."""
     parser = argparse.ArgumentParser(description=main.__doc__)

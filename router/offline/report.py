@@ -162,3 +162,30 @@ def print_cascade_table(report: dict, console: Any) -> None:
             f"{r['cost_at_cpt80'] / strong_cost:.0%}" if r.get("cost_at_cpt80") is not None else "",
         )
     console.print(table)
+
+
+def print_onboarding(report: dict, console: Any) -> None:
+    """The onboarding table: AIQ of full, ours and without, and the share of the gain recovered."""
+    from rich.table import Table
+
+    ob = report["onboarding"]
+    table = Table(
+        title=f"Onboarding {ob['worker']} from {ob['probes']} probes ({report['n_test']} test queries)"
+    )
+    for column in ("router", "AIQ", "what it knows about " + ob["worker"]):
+        table.add_column(column)
+    table.add_row("full", f"{ob['aiq']['full']:.4f}", "every training label")
+    table.add_row(
+        "ours",
+        f"{ob['aiq']['ours']:.4f}",
+        f"{ob['probes']} random training labels (mean of {ob['repeats']} draws)",
+    )
+    table.add_row("without", f"{ob['aiq']['without']:.4f}", "out of the pool")
+    console.print(table)
+    gain = ob["gain_recovered"]
+    draws = ", ".join(
+        "n/a" if d["gain_recovered"] is None else f"{d['gain_recovered']:.2f}" for d in ob["draws"]
+    )
+    console.print(
+        f"gain_recovered = {'n/a' if gain is None else f'{gain:.2f}'} (per draw: {draws}); {ob['formula']}"
+    )
