@@ -345,7 +345,6 @@ def test_a_bad_probe_file_is_named_with_its_line(setup, upstream, tmp_path):
 
 def test_the_fit_puts_a_new_router_in_force(setup, upstream):
     """With a router in force, the graded workers' vectors are fitted on it and a new version activated."""
-    pytest.importorskip("router.onboard", reason="router/onboard.py (the lead's) is not in this tree yet")
     from router import load_current, read_pointer, save_artifact, train_artifact
     from tests.test_router_learned import synthetic
 
@@ -361,6 +360,10 @@ def test_the_fit_puts_a_new_router_in_force(setup, upstream):
     fitted = load_current(root)
     assert {"cheap", "mid"} <= set(fitted.workers)
     assert fitted.card["calibration"]["on_top_of"] == prior.version
+    from router import LearnedRouter, feature_builder_for
+
+    quality = LearnedRouter(fitted, feature_builder_for(fitted.features)).predict_quality("What is 12 * 7?")
+    assert quality["cheap"] > quality["mid"]  # cheap answered every probe right, mid every one wrong
 
 
 # ---- the shipped probe set ----------------------------------------------------------------------

@@ -1,0 +1,165 @@
+"""Onboarding a worker from a few probes (router/onboard.py) and its offline evaluation
+(`router eval --onboard`, router/offline/onboard_eval.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from polyroute.cli import app
+from router import LearnedRouter, feature_builder_for, load_current, save_artifact, train_artifact
+from router.offline.split import write_split
+from router.onboard import OnboardedQuality, fit_vector, onboard_artifact, prior_vector
+from router.quality import _sigmoid
+from tests.test_router_learned import CHAT, MATH, synthetic
+
+FIX = Path(__file__).parent / "fixtures" / "multi"
+
+
+def _known_log_odds(n: int, seed: int) -> np.ndarray:
+    """Three known workers' log-odds over n queries: a shared difficulty plus each worker's own part."""
+    rng = np.random.default_rng(seed)
+    difficulty = rng.normal(0, 1.5, n)
+    return np.column_stack([difficulty + rng.normal(0, 1.0, n) + b for b in (-1.0, 0.5, 1.5)])
+
+
+def test_a_newcomer_that_behaves_like_a_known_worker_is_placed_on_it():
+    Z = _known_log_odds(400, 0)
+    truth = _sigmoid(Z[:, 1] + 0.7)  # worker 1, a little better
+    y = (np.random.default_rng(1).random(400) < truth).astype(float)
+    weights = prior_vector(Z, y)
+    assert int(np.argmax(weights)) == 1 and weights[1] > 0.9
+    beta, delta = fit_vector(Z, y)
+    fitted = _sigmoid(Z @ beta + delta)
+    assert np.corrcoef(fitted, truth)[0, 1] > 0.95
+    assert abs(fitted.mean() - truth.mean()) < 0.05
+
+
+def test_the_prior_keeps_few_probes_from_overfitting():
+    """On 12 probes a free logistic fit would run off; the pull towards the mixture keeps the estimate
+    close to the truth on the other queries."""
+    Z = _known_log_odds(600, 2)
+    truth = _sigmoid(Z[:, 2] - 0.5)
+    y = (np.random.default_rng(3).random(600) < truth).astype(float)
+    beta, delta = fit_vector(Z[:12], y[:12])
+    error = np.abs(_sigmoid(Z[12:] @ beta + delta) - truth[12:]).mean()
+    assert error < 0.15
+    assert np.abs(beta).sum() < 3  # no blown-up weights
+
+
+@pytest.mark.parametrize(
+    "Z, y, message",
+    [
+        (np.zeros((3, 2)), np.ones(3), "at least 5"),
+        (np.zeros((6, 2)), np.full(6, 2.0), r"\[0, 1\]"),
+        (np.zeros((6, 2)), np.ones(5), "Z must be"),
+        (np.zeros((6, 2)), np.array([1, 0, np.nan, 1, 0, 1.0]), r"\[0, 1\]"),
+    ],
+)
+def test_bad_probe_labels_are_refused(Z, y, message):
+    with pytest.raises(ValueError, match=message):
+        fit_vector(Z, y)
+
+
+@pytest.fixture(scope="module")
+def base():
+    return train_artifact(*synthetic(), backend="static", model="logreg", random_state=0)
+
+
+def test_onboarding_adds_a_worker_to_a_saved_artifact_the_router_loads(base, tmp_path):
+    features = feature_builder_for(base.features)
+    texts = MATH[:10] + CHAT[:10]
+    # "tutor" does arithmetic and not chat: the opposite of "cheap"
+    labels = np.array([[1.0]] * 10 + [[0.0]] * 10)
+    new = onboard_artifact(base, features, texts, [1] * 20, labels, ["tutor"], {"tutor": 80.0})
+    assert new.workers == ["cheap", "pricey", "tutor"] and new.version == "" and base.workers == ["cheap", "pricey"]
+    assert new.observed["tutor"] == 20 and new.output_tokens["tutor"] == 80.0
+    assert new.card["onboarding"]["tutor"]["probes"] == 20
+    save_artifact(tmp_path, new)
+    router = LearnedRouter(load_current(tmp_path), features)
+    math = router.predict_quality("Compute 17 * 23 - 4 and show every step of the arithmetic.")
+    chat = router.predict_quality("Say good morning to my neighbour in a friendly tone.")
+    assert math["tutor"] > chat["tutor"]
+    assert chat["cheap"] > math["cheap"]  # the known workers' columns are untouched
+
+
+def test_onboarding_again_keeps_earlier_newcomers_and_can_recalibrate_a_known_worker(base):
+    features = feature_builder_for(base.features)
+    texts = MATH[:8] + CHAT[:8]
+    first = onboard_artifact(base, features, texts, [1] * 16, np.ones((16, 1)), ["alpha"])
+    second = onboard_artifact(
+        first, features, texts, [1] * 16, np.array([[0.0]] * 8 + [[1.0]] * 8), ["beta-worker"]
+    )
+    assert second.workers == ["cheap", "pricey", "alpha", "beta-worker"]
+    assert isinstance(second.model, OnboardedQuality) and second.model.base is base.model
+    X = features.transform(texts, [1] * 16)
+    assert np.allclose(second.model.predict(X)[:, 2], first.model.predict(X)[:, 2])
+    # a known worker graded on probes gets a vector too, in its own column (no duplicate name)
+    third = onboard_artifact(second, features, texts, [1] * 16, np.zeros((16, 1)), ["pricey"])
+    assert third.workers == second.workers
+    assert third.model.predict(X)[:, 1].mean() < second.model.predict(X)[:, 1].mean()
+
+
+def test_onboarding_refuses_mismatched_labels(base):
+    features = feature_builder_for(base.features)
+    with pytest.raises(ValueError, match="labels must be"):
+        onboard_artifact(base, features, ["a", "b"], [1, 1], np.ones((3, 1)), ["x"])
+    with pytest.raises(ValueError, match="named twice"):
+        onboard_artifact(base, features, ["a"], [1], np.ones((1, 2)), ["x", "x"])
+
+
+# ---- router eval --onboard -----------------------------------------------------------------------
+def _split(tmp_path: Path) -> list[str]:
+    write_split("routerbench", [FIX / "routerbench_tiny.csv"], tmp_path / "split", 0.25, seed=0)
+    args = []
+    for side in ("train", "test"):
+        for f in sorted((tmp_path / "split" / side).iterdir()):
+            args += [f"--{side}", str(f)]
+    return args
+
+
+def test_eval_onboard_writes_three_routers_and_the_recovered_gain(tmp_path):
+    out = tmp_path / "onboard.json"
+    args = ["router", "eval", "--format", "routerbench", *_split(tmp_path), "--model", "logreg"]
+    result = CliRunner().invoke(
+        app, [*args, "--onboard", "frontier-xl", "--probes", "8", "--onboard-repeats", "2", "--out", str(out)]
+    )
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())
+    assert {"ours", "full", "without"} <= set(report["routers"])
+    ob = report["onboarding"]
+    aiq = {name: report["routers"][name]["aiq"] for name in ("ours", "full", "without")}
+    assert ob["aiq"] == pytest.approx(aiq)
+    assert ob["worker"] == "frontier-xl" and ob["probes"] == 8 and len(ob["draws"]) == 2
+    assert ob["aiq"]["ours"] == pytest.approx(np.mean([d["aiq"] for d in ob["draws"]]))
+    if ob["gain_recovered"] is not None:
+        assert ob["gain_recovered"] == pytest.approx((aiq["ours"] - aiq["without"]) / (aiq["full"] - aiq["without"]))
+    # only the frontier model does arithmetic in the fixture: losing it costs AIQ
+    assert aiq["full"] > aiq["without"]
+    assert "gain_recovered" in result.output
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--onboard", "ghost", "--probes", "8"], "not a worker"),
+        (["--onboard", "frontier-xl", "--probes", "500"], "only"),
+    ],
+)
+def test_eval_onboard_bad_input_is_one_clear_line(tmp_path, extra, message):
+    args = ["router", "eval", "--format", "routerbench", *_split(tmp_path), "--model", "logreg"]
+    result = CliRunner().invoke(app, [*args, *extra, "--out", str(tmp_path / "r.json")])
+    assert result.exit_code == 1 and message in result.output
+    assert not (tmp_path / "r.json").exists()
+
+
+def test_eval_onboard_needs_files_and_enough_probes(tmp_path):
+    result = CliRunner().invoke(app, ["router", "eval", "--onboard", "x", "--out", str(tmp_path / "r.json")])
+    assert result.exit_code == 2 and "--format" in result.output
+    args = ["router", "eval", "--format", "routerbench", *_split(tmp_path)]
+    result = CliRunner().invoke(app, [*args, "--onboard", "frontier-xl", "--probes", "2", "--out", "r.json"])
+    assert result.exit_code == 2 and "at least 5" in result.output
