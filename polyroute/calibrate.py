@@ -517,7 +517,7 @@ async def close_state(state: Any) -> None:
 # ---- fitting ----------------------------------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
 class FitResult:
-    status: str  # fitted | no_router | no_onboard | no_labels | failed
+    status: str  # fitted | no_router | no_labels | failed
     message: str
     version: str | None = None
 
@@ -568,7 +568,17 @@ def fit_workers(
     texts, turns, labels, medians = calibration_labels(graded, probe_set, workers)
     if not texts:
         return FitResult("no_labels", "no graded probe to fit on")
-    fitted = [w for i, w in enumerate(workers) if np.any(~np.isnan(labels[:, i]))]
+    from router.onboard import MIN_PROBES, onboard_artifact
+
+    counts = {w: int(np.sum(~np.isnan(labels[:, i]))) for i, w in enumerate(workers)}
+    fitted = [w for w in workers if counts[w] >= MIN_PROBES]
+    waiting = [f"{w} ({counts[w]})" for w in workers if 0 < counts[w] < MIN_PROBES]
+    if not fitted:
+        return FitResult(
+            "no_labels",
+            f"a worker's vector needs at least {MIN_PROBES} graded probes; so far: {', '.join(waiting)}. "
+            "The grades are in the ledger: a rerun resumes and fits",
+        )
     try:
         artifact = load_current(router_root)
     except RouterLoadError as exc:
@@ -579,14 +589,6 @@ def fit_workers(
             f"no router is in force in {router_root}, so there is no shared query representation to fit "
             "the workers' vectors on; the grades are in the ledger (`polyroute router train "
             "--from-ledger` uses them, and a rerun of this command fits them once a router is in force)",
-        )
-    try:
-        from router.onboard import onboard_artifact
-    except ImportError as exc:
-        return FitResult(
-            "no_onboard",
-            f"this install cannot fit worker vectors yet (router.onboard: {exc}); the grades are in the "
-            "ledger and a rerun fits them (nothing is sent again)",
         )
     columns = [workers.index(w) for w in fitted]
     output_tokens = {w: medians[w] for w in fitted if w in medians and w not in artifact.output_tokens}

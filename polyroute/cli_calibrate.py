@@ -233,7 +233,7 @@ def calibrate_command(
         console.print(f"nothing to send: all {plan.done} (worker, probe) pairs are graded")
     with console.status("fitting the workers' vectors …"):
         fit = fit_workers(root, _records(settings), probe_set, [w.name for w in plan.workers])
-    colour = {"fitted": "green", "no_labels": "yellow", "no_router": "yellow", "no_onboard": "yellow"}
+    colour = {"fitted": "green", "no_labels": "yellow", "no_router": "yellow"}
     console.print(f"[{colour.get(fit.status, 'red')}]{fit.message}[/]")
     if (result is not None and result.errors) or fit.status == "failed":
         raise typer.Exit(1)
