@@ -72,7 +72,9 @@ async def list_models(request: Request) -> JSONResponse:
                 "available": bool(admission.pool),
                 "router": state.router.current.name,
                 "router_version": state.router.current.version,
-                "calibrated": sorted(w for w, b in _router_basis(state).items() if b["basis"] == "calibrated"),
+                "calibrated": sorted(
+                    w for w, b in _router_basis(state).items() if b["basis"] == "calibrated"
+                ),
             },
         }
     ]

@@ -76,7 +76,11 @@ def test_onboarding_adds_a_worker_to_a_saved_artifact_the_router_loads(base, tmp
     # "tutor" does arithmetic and not chat: the opposite of "cheap"
     labels = np.array([[1.0]] * 10 + [[0.0]] * 10)
     new = onboard_artifact(base, features, texts, [1] * 20, labels, ["tutor"], {"tutor": 80.0})
-    assert new.workers == ["cheap", "pricey", "tutor"] and new.version == "" and base.workers == ["cheap", "pricey"]
+    assert (
+        new.workers == ["cheap", "pricey", "tutor"]
+        and new.version == ""
+        and base.workers == ["cheap", "pricey"]
+    )
     assert new.observed["tutor"] == 20 and new.output_tokens["tutor"] == 80.0
     assert new.card["onboarding"]["tutor"]["probes"] == 20
     save_artifact(tmp_path, new)
@@ -137,7 +141,9 @@ def test_eval_onboard_writes_three_routers_and_the_recovered_gain(tmp_path):
     assert ob["worker"] == "frontier-xl" and ob["probes"] == 8 and len(ob["draws"]) == 2
     assert ob["aiq"]["ours"] == pytest.approx(np.mean([d["aiq"] for d in ob["draws"]]))
     if ob["gain_recovered"] is not None:
-        assert ob["gain_recovered"] == pytest.approx((aiq["ours"] - aiq["without"]) / (aiq["full"] - aiq["without"]))
+        assert ob["gain_recovered"] == pytest.approx(
+            (aiq["ours"] - aiq["without"]) / (aiq["full"] - aiq["without"])
+        )
     # only the frontier model does arithmetic in the fixture: losing it costs AIQ
     assert aiq["full"] > aiq["without"]
     assert "gain_recovered" in result.output

@@ -81,7 +81,9 @@ def test_without_the_prior_the_rules_serve_and_say_so(upstream, tmp_path):
     gw = start_gateway(parse_catalog(catalog_yaml_for(upstream.url)), tmp_path / "data")  # router_prior=False
     try:
         status = _get(gw, "/admin/router")
-        assert status["active"] == "rules-cheapest" and {b["basis"] for b in status["workers"].values()} == {"rules"}
+        assert status["active"] == "rules-cheapest" and {b["basis"] for b in status["workers"].values()} == {
+            "rules"
+        }
         assert not (tmp_path / "data" / "router" / "current.json").exists()
     finally:
         gw.server.stop()

@@ -94,7 +94,9 @@ def public_datasets(shared: Path = SHARED_DATA) -> list[Any]:
     ]
 
 
-def combine(datasets: list[Any], exclude: list[str]) -> tuple[list[str], list[int], np.ndarray, list[str], dict]:
+def combine(
+    datasets: list[Any], exclude: list[str]
+) -> tuple[list[str], list[int], np.ndarray, list[str], dict]:
     """(texts, turns, labels [n, workers] with NaN where a dataset lacks a worker, workers, counts)."""
     workers: list[str] = []
     for ds in datasets:
@@ -130,7 +132,9 @@ def output_tokens(datasets: list[Any]) -> dict[str, float]:
     return out
 
 
-def train_prior(shared: Path = SHARED_DATA, backend: str = "static", seed: int = 0, progress: bool = True) -> RouterArtifact:
+def train_prior(
+    shared: Path = SHARED_DATA, backend: str = "static", seed: int = 0, progress: bool = True
+) -> RouterArtifact:
     """The shipped prior's artifact (not saved)."""
     from router.quality import EnsembleQuality
     from router.training import feature_builder
