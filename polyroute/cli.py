@@ -834,6 +834,23 @@ def _router_eval_cascade(
         console.print(f"saved the acceptance model to {saved} (the gateway's cascade verifier 'model')")
 
 
+def _pool_eval_model(
+    fmt: str | None, train: list[Path], test: list[Path], out: Path | None, model: str, what: str
+) -> str:
+    """Check what every `router eval --format` run needs; returns the quality model to use."""
+    from router.offline import FORMATS
+    from router.offline.single import DEFAULT_MODEL, MODELS
+
+    if fmt not in FORMATS:
+        raise typer.BadParameter(f"{what} needs --format, one of {', '.join(FORMATS)}", param_hint="--format")
+    if not train or not test or out is None:
+        raise typer.BadParameter(f"{what} needs --train FILE, --test FILE and --out RESULT.json")
+    model = DEFAULT_MODEL if model == "auto" else model
+    if model not in MODELS:
+        raise typer.BadParameter(f"use auto or one of {', '.join(MODELS)}", param_hint="--model")
+    return model
+
+
 def _router_eval_onboard(
     fmt: str | None,
     train: list[Path],
@@ -848,23 +865,13 @@ def _router_eval_onboard(
     repeats: int,
 ) -> None:
     """`router eval --format F --onboard WORKER --probes N`: router/offline/onboard_eval.py."""
-    from router.offline import FORMATS
     from router.offline.harness import run_onboard_eval
-    from router.offline.single import DEFAULT_MODEL, MODELS
 
-    if fmt not in FORMATS:
-        raise typer.BadParameter(
-            f"--onboard needs --format, one of {', '.join(FORMATS)}", param_hint="--format"
-        )
-    if not train or not test or out is None:
-        raise typer.BadParameter("--onboard needs --train FILE, --test FILE and --out RESULT.json")
     if probes < 5:
         raise typer.BadParameter("at least 5", param_hint="--probes")
     if repeats < 1:
         raise typer.BadParameter("at least 1", param_hint="--onboard-repeats")
-    model = DEFAULT_MODEL if model == "auto" else model
-    if model not in MODELS:
-        raise typer.BadParameter(f"use auto or one of {', '.join(MODELS)}", param_hint="--model")
+    model = _pool_eval_model(fmt, train, test, out, model, "--onboard")
     try:
         run_onboard_eval(
             fmt,
@@ -898,16 +905,9 @@ def _router_eval_files(
     strategy: str = "fast",
 ) -> None:
     """`router eval --format`: any files of a known format; a bad file is one red line naming file:line."""
-    from router.offline import FORMATS, run_pool_eval
-    from router.offline.single import DEFAULT_MODEL, MODELS
+    from router.offline import run_pool_eval
 
-    if fmt not in FORMATS:
-        raise typer.BadParameter(f"use one of {', '.join(FORMATS)}", param_hint="--format")
-    if not train or not test or out is None:
-        raise typer.BadParameter("--format needs --train FILE, --test FILE and --out RESULT.json")
-    model = DEFAULT_MODEL if model == "auto" else model
-    if model not in MODELS:
-        raise typer.BadParameter(f"use auto or one of {', '.join(MODELS)}", param_hint="--model")
+    model = _pool_eval_model(fmt, train, test, out, model, "--format")
     try:
         run_pool_eval(
             fmt,

@@ -36,6 +36,8 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from router.grading import last_boxed
+
 HERE = Path(__file__).resolve().parent
 SHARED = HERE.parents[2] / "shared" / "data"
 DEFAULT_OUT = HERE / "probes.jsonl"
@@ -82,19 +84,6 @@ def probe_id(task: str, question: str) -> str:
 
 
 # ---- gold answers -------------------------------------------------------------------------------
-def last_boxed(text: str) -> str | None:
-    """The content of the last `\\boxed{...}` (braces balanced), or None."""
-    start = text.rfind("\\boxed{")
-    if start < 0:
-        return None
-    depth, i = 1, start + len("\\boxed{")
-    begin = i
-    while i < len(text) and depth:
-        depth += {"{": 1, "}": -1}.get(text[i], 0)
-        i += 1
-    return text[begin : i - 1] if depth == 0 else None
-
-
 def numeric_gold(raw: str) -> str | None:
     """A MATH answer as "12", "-0.5" or "36/49", or None when it is not a plain number or fraction."""
     text = raw.replace(",", "").replace("\\!", "").replace(" ", "").replace("dfrac", "frac")
