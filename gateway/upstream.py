@@ -86,6 +86,52 @@ class Completion:
     cost_usd: Decimal
 
 
+SYSTEM_ROLES = frozenset({"system", "developer"})
+
+
+def _content_text(content: Any) -> str:
+    """A message's text: the string, or a list of content parts' text parts joined by newlines."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "\n".join(str(p["text"]) for p in content if isinstance(p, dict) and p.get("text"))
+    return ""
+
+
+def fold_system(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The conversation for a chat template without a system role (llama.cpp's `gemma` drops them).
+
+    Each system or developer message's text is prepended, in order and separated by a blank line, to
+    the next user turn: the leading ones (the client's prompt, injected memory) go into the first user
+    turn, one sent later in the conversation stays where it was said. Text left after the last user
+    turn becomes a user turn of its own at that place. A user turn whose content is a list of parts
+    gets a text part in front. Other messages are passed as they are; nothing to fold: unchanged.
+    """
+    if not any(m.get("role") in SYSTEM_ROLES for m in messages):
+        return messages
+    folded: list[dict[str, Any]] = []
+    pending: list[str] = []
+    for message in messages:
+        if message.get("role") in SYSTEM_ROLES:
+            text = _content_text(message.get("content"))
+            if text.strip():
+                pending.append(text)
+            continue
+        if pending and message.get("role") == "user":
+            prefix = "\n\n".join(pending)
+            pending = []
+            content = message.get("content")
+            if isinstance(content, list):
+                content = [{"type": "text", "text": prefix}, *content]
+            else:
+                content = f"{prefix}\n\n{content}" if content else prefix
+            message = {**message, "content": content}
+        folded.append(message)
+    if pending:
+        folded.append({"role": "user", "content": "\n\n".join(pending)})
+    return folded
+
+
 def litellm_cost(worker: Worker, prompt_tokens: int, completion_tokens: int) -> Decimal:
     """litellm's cost calculation, fed the catalog's list prices (not its own price map)."""
     prompt_cost, completion_cost = litellm.cost_per_token(
@@ -329,10 +375,16 @@ class WorkerClient:
         """Close the pooled upstream connections of the running event loop."""
         await self.pool.aclose()
 
+    @staticmethod
+    def messages_for(worker: Worker, chat: ChatCompletionRequest) -> list[dict[str, Any]]:
+        """The messages as sent to this worker: system text folded into user turns if it takes none."""
+        messages = chat.messages_payload()
+        return fold_system(messages) if worker.folds_system else messages
+
     def _kwargs(self, worker: Worker, api_base: str | None, chat: ChatCompletionRequest) -> dict[str, Any]:
         kwargs: dict[str, Any] = {
             "model": worker.model,
-            "messages": chat.messages_payload(),
+            "messages": self.messages_for(worker, chat),
             "timeout": worker.timeout_s,
             "num_retries": 0,  # retries are ours (tenacity), so they are counted and bounded here
             # Tools belong to the client; without this litellm sends them through its MCP gateway.
@@ -386,7 +438,9 @@ class WorkerClient:
 
             async def attempt() -> dict[str, Any]:
                 if not built:  # inside the retry wrapper, so a refused parameter is classified too
-                    built.append(route.request(chat.forwarded_params(), chat.messages_payload(), False))
+                    built.append(
+                        route.request(chat.forwarded_params(), self.messages_for(worker, chat), False)
+                    )
                 url, headers, payload = built[0]
                 return await wire.complete(self.pool, route, url, headers, payload, worker.timeout_s)
 
@@ -418,10 +472,11 @@ class WorkerClient:
             async def start():
                 if not built:
                     params = {**chat.forwarded_params(), "stream": True, "stream_options": dict(STREAM_USAGE)}
-                    built.append(route.request(params, chat.messages_payload(), True))
+                    built.append(route.request(params, self.messages_for(worker, chat), True))
                 url, headers, payload = built[0]
                 return await wire.open_stream(self.pool, route, url, headers, payload, worker.timeout_s)
 
         first, rest = await self._with_retries(worker, start)
         prompt_cost = litellm_cost(worker, max(1, chat.prompt_chars() // 4), 0)
-        return OpenStream(worker, first, rest, self.metrics, prompt_cost, messages=chat.messages_payload())
+        messages = self.messages_for(worker, chat)
+        return OpenStream(worker, first, rest, self.metrics, prompt_cost, messages=messages)

@@ -20,6 +20,12 @@ from policies.yamlfile import parse_yaml_model
 
 DEFAULT_CATALOG_PATH = Path(__file__).parent / "defaults" / "workers.yaml"
 
+# llama.cpp chat formats (llama-cpp-python's llama_chat_format.py) that drop system messages: Gemma's
+# template has no system role, the others ignore the client's system text or use a fixed one of their own.
+SYSTEMLESS_CHAT_FORMATS = frozenset(
+    {"gemma", "mistral-instruct", "vicuna", "openbuddy", "phind", "open-orca", "intel"}
+)
+
 Money = Annotated[Decimal, Field(ge=0, max_digits=12, decimal_places=6)]
 
 
@@ -90,6 +96,13 @@ class Worker(BaseModel):
         "The request's deadline (POLYROUTE_REQUEST_TIMEOUT_S) bounds timeout_s x (retries + 1)",
     )
     local: LocalServer | None = None
+    system_role: bool | None = Field(
+        None,
+        description="Whether the model's chat template takes system messages. None: yes, unless this is "
+        "a local worker whose llama.cpp chat_format drops them (SYSTEMLESS_CHAT_FORMATS, e.g. gemma). "
+        "When not, the gateway folds system and developer text (the client's, injected memory) into "
+        "the next user turn",
+    )
     profile_like: str | None = Field(
         None,
         description="Cold start: a catalog worker whose predicted quality this one starts from until its "
@@ -107,6 +120,13 @@ class Worker(BaseModel):
         if self.local is None and self.api_base is None and "/" not in self.model:
             raise ValueError("model must name a litellm provider ('provider/model') or set api_base")
         return self
+
+    @property
+    def folds_system(self) -> bool:
+        """True when system messages must be folded into user turns before this worker sees them."""
+        if self.system_role is not None:
+            return not self.system_role
+        return self.local is not None and self.local.chat_format in SYSTEMLESS_CHAT_FORMATS
 
     def availability(self, env: dict[str, str] | os._Environ[str] = os.environ) -> str | None:
         """None when callable; otherwise the reason it is not (shown in /v1/models)."""
