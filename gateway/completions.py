@@ -365,6 +365,8 @@ class Exchange:
     settled: Usage = field(default_factory=Usage)  # given-up attempts' calls, already on the budget
     settled_micros: int = 0  # ... as the budget counted them (rounded up per settle)
     route: RouteRequest | None = None  # what the router saw: its choice is logged for offline evaluation
+    degraded: compose.Composition | None = None  # a workflow answered in fast mode: traced as such
+    explain: bool = False  # x-polyroute-trace: 1 (the trace goes to the client too)
 
     @property
     def held_micros(self) -> int:
@@ -568,6 +570,8 @@ async def chat_completions(request: Request) -> Response:
         cache=cache_plan,
         memory=recalled,
         route=route,
+        degraded=composition if composition.degraded else None,
+        explain=request.headers.get(compose.TRACE_HEADER) == "1",
     )
     if cache_plan is not None:
         exchange.headers[caching.CACHE_HEADER] = "miss"
@@ -720,6 +724,7 @@ async def _complete(state: AppState, ex: Exchange) -> Response:
     assert isinstance(result, Completion)
     headers = _answered_headers(ex.headers, result.worker.name, failures)
     headers["x-polyroute-cost-usd"] = format_cost(result.cost_usd + ex.settled.cost_usd)
+    trace = _degraded_trace(ex, result.worker.name, result, failures)
     await ex.finish(
         state,
         result.worker.name,
@@ -728,18 +733,31 @@ async def _complete(state: AppState, ex: Exchange) -> Response:
         result.prompt_tokens,
         result.completion_tokens,
         result.cost_usd,
+        trace=trace,
     )
     if ex.cache is not None:
         state.metrics.cache.labels("miss").inc()
         await caching.store(state.stores.cache, ex.cache, result.worker.name, result.body)
+    body = result.body
+    if trace is not None and ex.explain:  # after caching: a cached answer carries no stale trace
+        body = {**body, "polyroute": {**(body.get("polyroute") or {}), "trace": trace}}
     state.metrics.requests.labels(result.worker.name, ex.decision.strategy, "200").inc()
     state.metrics.latency.labels("false").observe(time.perf_counter() - ex.started)
     judged = state.judge.sample(state, ex, result.worker.name, completion_text(result.body))
     return Response(
-        orjson.dumps(result.body),
+        orjson.dumps(body),
         media_type="application/json",
         headers=headers,
         background=BackgroundTask(state.judge.start, state, judged) if judged else None,  # after sending
+    )
+
+
+def _degraded_trace(ex: Exchange, worker: str, usage, failures: list[WorkerError]) -> dict | None:
+    """A workflow answered in fast mode is still traced (ledger, and the client with explain)."""
+    if ex.degraded is None:
+        return None
+    return compose.degraded_trace(
+        ex.degraded, worker, usage.prompt_tokens, usage.completion_tokens, usage.cost_usd, failures
     )
 
 
@@ -837,6 +855,8 @@ async def _sse(
                 if not include_usage:
                     continue
                 chunk["polyroute"] = {"worker": worker, "cost_usd": format_cost(stream.cost_usd)}
+                if ex.explain and (trace := _degraded_trace(ex, worker, stream, failures)) is not None:
+                    chunk["polyroute"]["trace"] = trace
             yield b"data: " + orjson.dumps(chunk) + b"\n\n"
     except WorkerError as err:
         outcome = "mid_stream_error"
@@ -860,6 +880,8 @@ async def _sse(
             estimated = stream.account_cut()
             trace = {"stream": outcome, "usage": "estimated" if estimated else "reported"}
             state.metrics.errors.labels(outcome).inc()
+        if (degraded := _degraded_trace(ex, worker, stream, failures)) is not None:
+            trace = {**degraded, **(trace or {})}
         # The settle runs as its own task: a client that hangs up cancels this generator, not the books.
         state.spawn(
             ex.finish(

@@ -32,7 +32,7 @@ from starlette.responses import Response, StreamingResponse
 from gateway import memory
 from gateway.errors import APIError, error_response
 from gateway.schemas import ChatCompletionRequest
-from policies import Worker
+from policies import Worker, predicted_cost
 from router import RouteRequest
 from router.compose import (
     PREFIX,
@@ -63,6 +63,7 @@ __all__ = [
     "TRACE_HEADER",
     "WORKFLOWS",
     "Composition",
+    "degraded_trace",
     "plan",
     "respond",
 ]
@@ -98,14 +99,26 @@ class Composition:
     log_odds: tuple[float, ...] = ()
     costs: tuple[float, ...] = ()
     latency_weight: float = 0.0
+    requested: str | None = None  # the workflow asked for (or chosen) when it was degraded to fast mode
+
+    @property
+    def degraded(self) -> bool:
+        return self.workflow is None and self.note.startswith("degraded")
 
 
-def _by_strength(pool: tuple[Worker, ...], estimates: list[Estimate] | None) -> tuple[Worker, ...]:
-    """Strongest first: by predicted quality when the router predicts it, else by price (a proxy)."""
-    if estimates is not None:
-        quality = {e.worker: e.quality for e in estimates}
-        return tuple(sorted(pool, key=lambda w: -quality.get(w.name, 0.0)))
-    return tuple(sorted(pool, key=lambda w: (-w.output_price_per_m, -w.input_price_per_m, w.name)))
+def _by_strength(
+    pool: tuple[Worker, ...], estimates: list[Estimate] | None, chat: ChatCompletionRequest
+) -> tuple[Worker, ...]:
+    """Strongest first: by predicted quality when the router predicts it, else (and between equal
+    predictions) by the request's predicted cost, a proxy. The cascade answers from the other end."""
+    quality = {e.worker: e.quality for e in estimates or ()}
+    prompt_chars, output = chat.prompt_chars(), chat.output_budget()
+
+    def key(w: Worker):
+        cost = predicted_cost(w, prompt_chars, output)
+        return (-quality.get(w.name, 0.0), -cost, -w.output_price_per_m, -w.input_price_per_m, w.name)
+
+    return tuple(sorted(pool, key=key))
 
 
 async def _estimates(router, route: RouteRequest, pool: tuple[Worker, ...]) -> list[Estimate] | None:
@@ -183,7 +196,8 @@ async def plan(
                 return Composition()
             if len(decision.workers) < 2:
                 return Composition(
-                    note=f"degraded: only one admissible worker ({decision.workers[0].name}); fast mode"
+                    note=f"degraded: only one admissible worker ({decision.workers[0].name}); fast mode",
+                    requested="plan",
                 )
             return await _planned(
                 router, route, chat, decision.workers, settings, weight, "answer-aware plan", "chosen"
@@ -195,7 +209,7 @@ async def plan(
         if not should_cascade(prediction):
             return Composition()
         return Composition(
-            "cascade", _by_strength(decision.workers, estimates), prediction.reason, "chosen", weight
+            "cascade", _by_strength(decision.workers, estimates, chat), prediction.reason, "chosen", weight
         )
     if forced == "plan" and planner is None:
         raise APIError(
@@ -207,10 +221,13 @@ async def plan(
             param="model",
         )
     if chat.tools:
-        return Composition(note=f"degraded: {forced} does not take tools; answered in fast mode")
+        return Composition(
+            note=f"degraded: {forced} does not take tools; answered in fast mode", requested=forced
+        )
     if len(decision.workers) < 2:
         return Composition(
-            note=f"degraded: only one admissible worker ({decision.workers[0].name}); fast mode"
+            note=f"degraded: only one admissible worker ({decision.workers[0].name}); fast mode",
+            requested=forced,
         )
     pool = decision.workers
     if forced == "plan":
@@ -218,8 +235,42 @@ async def plan(
             router, route, chat, pool, settings, weight, f"{PREFIX}plan requested", "requested"
         )
     if forced == "cascade":
-        pool = _by_strength(pool, await _estimates(router, route, pool))
+        pool = _by_strength(pool, await _estimates(router, route, pool), chat)
     return Composition(forced, pool, f"{PREFIX}{forced} requested", "requested", weight)
+
+
+def degraded_trace(
+    composition: Composition,
+    worker: str,
+    prompt_tokens: int,
+    completion_tokens: int,
+    cost_usd: Decimal,
+    failures=(),
+) -> dict[str, Any]:
+    """The trace of a workflow answered in fast mode: shaped like a workflow's (`steps` included),
+    saying that it degraded and why, with the workers tried (failed, then the one that answered)."""
+    tried = [
+        {"role": "answer", "worker": f.worker, "cost_usd": "0", "error": f.message[:300]} for f in failures
+    ]
+    return {
+        "workflow": composition.requested,
+        "mode": "fast",
+        "degraded": True,
+        "note": composition.note,
+        "final_worker": worker,
+        "cost_usd": f"{cost_usd:f}",
+        "steps": [
+            *tried,
+            {
+                "role": "answer",
+                "worker": worker,
+                "cost_usd": f"{cost_usd:f}",
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": completion_tokens,
+                "verdict": "fast mode (degraded)",
+            },
+        ],
+    }
 
 
 def _ceiling(state, chat: ChatCompletionRequest) -> Decimal:

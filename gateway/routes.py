@@ -265,6 +265,9 @@ class ExplainRequest(BaseModel):
     messages: list[dict[str, Any]] | None = None
     data_class: str | None = None
     max_tokens: int | None = Field(None, ge=1)
+    assume_available: bool = Field(
+        False, description="take every worker as callable (no provider key, server up): the rules alone"
+    )
 
 
 @router.post("/admin/policies/explain")
@@ -295,11 +298,17 @@ async def admin_policy_explain(request: Request) -> JSONResponse:
     try:
         # detection over megabytes: off the event loop
         admission = await heavy_if(
-            is_large(request), engine.evaluate, policy_request, state.catalog, state.down_workers()
+            is_large(request),
+            engine.evaluate,
+            policy_request,
+            state.catalog,
+            state.down_workers(),
+            assume_available=body.assume_available,
         )
     except PolicyRequestError as exc:
         raise APIError(400, str(exc), param="data_class", code="invalid_data_class") from None
-    return JSONResponse({"tenant": body.tenant, "model": body.model, **admission.explain()})
+    explained = {"tenant": body.tenant, "model": body.model, "assume_available": body.assume_available}
+    return JSONResponse({**explained, **admission.explain()})
 
 
 def _store_down(what: str, exc: Exception) -> APIError:

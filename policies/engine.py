@@ -250,7 +250,10 @@ class PolicyEngine:
         catalog: Catalog,
         down: Mapping[str, str] | None = None,
         env: Mapping[str, str] = os.environ,
+        assume_available: bool = False,
     ) -> Admission:
+        """`assume_available` (a dry run, before keys are bought): every worker is taken as callable,
+        so each one is judged by the rules alone."""
         classification = self.classify(request)
         table = self._static_table(catalog)
         tenant_, model, data_class = request.tenant, request.model, classification.data_class
@@ -266,7 +269,7 @@ class PolicyEngine:
         pool: list[Worker] = []
         excluded: list[Exclusion] = []
         for worker in catalog.workers:
-            unavailable = unavailable_reason(worker, down, env)
+            unavailable = None if assume_available else unavailable_reason(worker, down, env)
             if unavailable:
                 excluded.append(Exclusion(worker.name, UNAVAILABLE, unavailable))
                 continue

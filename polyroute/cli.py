@@ -257,6 +257,13 @@ def policies_explain(
     workers_file: Annotated[Path | None, typer.Option(help="worker catalog YAML")] = None,
     data_dir: DataDir = None,
     as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
+    assume_available: Annotated[
+        bool,
+        typer.Option(
+            "--assume-available",
+            help="take every worker as callable (no provider key needed): see what the rules alone admit",
+        ),
+    ] = False,
 ) -> None:
     """Show the data class, the rules in scope, the admissible pool and why each other worker is out."""
     from policies import (
@@ -282,11 +289,12 @@ def policies_explain(
                 max_output_tokens=max_tokens,
             ),
             catalog,
+            assume_available=assume_available,
         )
     except (OSError, PolicyError, CatalogError, PolicyRequestError) as exc:
         console.print(f"[red]{exc}[/]")
         raise typer.Exit(2) from None
-    result = {"tenant": tenant, "model": model, **admission.explain()}
+    result = {"tenant": tenant, "model": model, "assume_available": assume_available, **admission.explain()}
     if as_json:
         print(json.dumps(result, indent=2))
         return

@@ -86,6 +86,23 @@ def test_policies_explain_defaults_to_the_default_tenant(tmp_path):
     assert excluded["deepseek-chat"]["rule"] == "pii-eu-or-local"
     assert "mixtral-8x22b" in body["pool"] and "gemma-3-270m-local" in body["pool"]
     assert excluded["gpt-4.1"]["rule"] == "unavailable"
+    assumed = run_cli(
+        "policies",
+        "explain",
+        "--text",
+        "mail bob@example.com",
+        "--data-dir",
+        str(tmp_path),
+        "--json",
+        "--assume-available",
+        env={"PATH": "/usr/bin:/bin"},
+    )
+    assert assumed.returncode == 0, assumed.stderr
+    assumed_body = json.loads(assumed.stdout)
+    assert assumed_body["assume_available"] is True
+    assert all(e["rule"] != "unavailable" for e in assumed_body["excluded"])
+    # without keys, the rules alone decide: gpt-4.1 (US) is out for pii by the rule, not for its key
+    assert {e["worker"]: e["rule"] for e in assumed_body["excluded"]}["gpt-4.1"] == "pii-eu-or-local"
     table = run_cli(
         "policies",
         "explain",

@@ -7,12 +7,13 @@ from __future__ import annotations
 import json
 
 import httpx
+import numpy as np
 import orjson
 import pytest
 import yaml
 
 from policies import parse_catalog
-from tests.conftest import Gateway, catalog_yaml_for, start_gateway
+from tests.conftest import FAKE_KEY_ENV, Gateway, catalog_yaml_for, start_gateway
 
 QUESTION = "What is six times seven?"
 JUDGE = "How likely is the proposed answer"
@@ -84,6 +85,54 @@ def test_cascade_stops_at_the_cost_ceiling_with_the_best_answer_so_far(gateway, 
     assert not upstream.requests_for("pricey-model")  # never called: it would have passed the ceiling
     assert [s.get("verdict") for s in steps(answer)][1:] == ["skipped: cost ceiling", "skipped: cost ceiling"]
     assert float(answer.headers["x-polyroute-cost-usd"]) <= 0.0001
+
+
+def test_cascade_asks_the_cheapest_first_when_the_router_cannot_tell_them_apart(upstream, tmp_path):
+    """A paid copy of the free model (same tier, same predicted quality): the free one answers first."""
+    from router import save_artifact, train_artifact
+
+    common = f"api_base: {upstream.url}/v1\n    api_key_env: {FAKE_KEY_ENV}\n    context_window: 8192"
+    entry = """
+  - name: {name}
+    model: openai/{model}
+    {common}
+    input_price_per_m: {price}
+    output_price_per_m: {price}
+    tier: specialist
+    license: Apache-2.0
+    provider: fake
+    jurisdiction: FR
+    capabilities: [general]"""
+    catalog = "version: 1\nworkers:" + "".join(
+        entry.format(name=name, model=model, common=common, price=price)
+        for name, model, price in (("paid-copy", "pricey-model", "0.10"), ("free", "cheap-model", "0"))
+    )
+    queries = [f"Question number {i} about the weather in town {i % 7}." for i in range(40)]
+    right = [float(i % 3 != 0) for i in range(40)]
+    # both workers labelled alike: the learned router predicts the same quality for both
+    artifact = train_artifact(
+        queries,
+        [1] * 40,
+        np.array([[r, r] for r in right]),
+        ["paid-copy", "free"],
+        backend="static",
+        model="logreg",
+    )
+    save_artifact(tmp_path / "data" / "router", artifact)
+    gw = start_gateway(parse_catalog(catalog), tmp_path / "data")
+    try:
+        assert gw.state.router.current.name == "learned"
+        upstream.behave("cheap-model", text="42")
+        upstream.behave("pricey-model", text="42", replies={JUDGE: "9"})
+        answer = compose(gw, "cascade")
+        assert answer.status_code == 200, answer.text
+        assert [(s["role"], s["worker"]) for s in steps(answer)] == [
+            ("answer", "free"),
+            ("judge", "paid-copy"),
+        ]
+        assert answer.headers["x-polyroute-worker"] == "free"
+    finally:
+        gw.server.stop()
 
 
 # ---- ensemble --------------------------------------------------------------------------------
@@ -221,12 +270,48 @@ def test_a_policy_that_admits_one_worker_degrades_to_fast_mode(upstream, tmp_pat
         gw.server.stop()
 
 
+def test_a_degraded_composition_still_returns_its_trace(upstream, tmp_path):
+    """README's example with one admissible worker: `composed.trace["steps"]` must not be None."""
+    from polyroute import Client
+
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(
+        yaml.safe_dump({"version": "fr", "rules": [{"id": "fr-only", "allow_jurisdictions": ["FR"]}]})
+    )
+    gw = start_gateway(parse_catalog(catalog_yaml_for(upstream.url)), tmp_path / "d", policy_file=policy)
+    try:
+        upstream.behave("cheap-model", text="42")
+        with Client(gw.url, api_key=gw.api_key) as client:
+            messages = [{"role": "user", "content": QUESTION}]
+            composed = client.chat(messages, model="compose:cascade", explain=True)
+            assert composed.route.compose.startswith("degraded: only one admissible worker")
+            trace = composed.trace
+            assert trace["degraded"] is True and trace["mode"] == "fast" and trace["workflow"] == "cascade"
+            assert trace["note"] == composed.route.compose and trace["final_worker"] == "cheap"
+            [step] = trace["steps"]
+            assert step["worker"] == "cheap" and "degraded" in step["verdict"]
+            assert float(step["cost_usd"]) == float(composed.route.cost_usd) > 0
+            stream = client.chat(messages, model="compose:cascade", stream=True, explain=True)
+            assert stream.text() == "42" and stream.trace["steps"][0]["worker"] == "cheap"
+            assert stream.trace["degraded"] is True
+            plain = client.chat(messages, model="compose:cascade")
+            assert plain.trace is None  # the trace is for explain=True only
+        lines = (gw.data_dir / "ledger.jsonl").read_text().splitlines()
+        record = next(json.loads(line) for line in lines if composed.route.request_id in line)
+        assert record["trace"]["degraded"] is True and record["trace"]["workflow"] == "cascade"
+    finally:
+        gw.server.stop()
+
+
 def test_unknown_workflow_and_tools(gateway, upstream):
     unknown = compose(gateway, "tournament")
     assert unknown.status_code == 404 and "compose:cascade" in unknown.json()["error"]["message"]
     tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
     degraded = compose(gateway, "ensemble", tools=tools)
     assert degraded.status_code == 200 and "does not take tools" in degraded.headers["x-polyroute-compose"]
+    trace = degraded.json()["polyroute"]["trace"]
+    assert trace["workflow"] == "ensemble" and "does not take tools" in trace["note"]
+    assert trace["steps"][-1]["worker"] == degraded.headers["x-polyroute-worker"]
     bad = compose(gateway, "cascade", metadata={"max_cost_usd": "lots"})
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "metadata.max_cost_usd"
 

@@ -76,3 +76,40 @@ def test_acceptance_model_learns_that_wrong_arithmetic_is_wrong():
     assert np.allclose(again, model.predict_proba(queries[:5], answers[:5]))  # deterministic
     with pytest.raises(ValueError, match="both right and wrong"):
         AcceptanceModel().fit(queries[:3], answers[:3], [True] * 3)
+
+
+def _worker(name: str, input_price: str, output_price: str):
+    from policies import Worker
+
+    return Worker.model_validate(
+        {
+            "name": name,
+            "model": f"openai/{name}",
+            "api_base": "http://127.0.0.1:9/v1",
+            "input_price_per_m": input_price,
+            "output_price_per_m": output_price,
+            "tier": "specialist",
+            "license": "MIT",
+            "provider": "fake",
+            "jurisdiction": "FR",
+            "context_window": 8192,
+        }
+    )
+
+
+def test_the_cascade_chain_is_ordered_by_predicted_cost():
+    from router.compose.cascade import chain
+
+    strongest = _worker("strong", "5", "15")
+    # a long prompt and a short answer: input price decides; list order (output first) would not
+    long_input = _worker("long-input", "2", "0.1")
+    cheap_input = _worker("cheap-input", "0.1", "1")
+    cost = {"strong": Decimal(10), "long-input": Decimal(2), "cheap-input": Decimal("0.2")}
+    pool = (strongest, long_input, cheap_input)
+    assert [w.name for w in chain(pool, 3, lambda w: cost[w.name])] == ["cheap-input", "long-input", "strong"]
+    assert [w.name for w in chain(pool, 2, lambda w: cost[w.name])] == ["cheap-input", "strong"]
+    # the best-ranked worker is also the cheapest: nobody pricier and weaker answers before it
+    free, paid = _worker("free", "0", "0"), _worker("paid-copy", "0.1", "0.1")
+    assert [w.name for w in chain((free, paid), 2, lambda w: w.input_price_per_m)] == ["free"]
+    assert [w.name for w in chain((free, paid), 2)] == ["free"]
+    assert [w.name for w in chain((paid, free), 2)] == ["free", "paid-copy"]

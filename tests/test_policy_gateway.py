@@ -265,6 +265,18 @@ def test_admin_get_put_explain_and_audit(pgw, upstream):
     excluded = {e["worker"]: e for e in body["excluded"]}
     assert excluded["mid"]["rule"] == "pii-no-cn-no-us" and excluded["nokey"]["rule"] == "unavailable"
     assert "detected phone: pii" in body["data_class_reasons"]
+    assumed = admin(
+        pgw,
+        "POST",
+        "/admin/policies/explain",
+        json={"tenant": "acme", "text": "hello", "assume_available": True},
+    ).json()
+    assert assumed["assume_available"] is True and "nokey" in assumed["pool"]
+    assert all(e["rule"] != "unavailable" for e in assumed["excluded"])
+    not_a_flag = admin(
+        pgw, "POST", "/admin/policies/explain", json={"text": "hello", "assume_available": "maybe"}
+    )
+    assert not_a_flag.status_code == 400 and "assume_available" in not_a_flag.json()["error"]["message"]
 
     audit = admin(pgw, "GET", "/admin/policies/audit").json()["data"]
     put_entries = [e for e in audit if e["action"] == "put"]

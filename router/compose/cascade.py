@@ -1,13 +1,17 @@
 """Cascade: a cheap worker answers; a verifier accepts or escalates to the next, stronger worker.
 
-The chain is the pool ordered by price, cheapest first, truncated to `depth` workers with the
-pool's best-ranked worker always last (escalation must reach the strongest admissible worker,
-not just the next-cheapest). The acceptance threshold follows the request's cost weight
-(`acceptance_threshold`). A member that fails is skipped (the next one answers); when the
+The chain is the pool ordered by predicted cost, cheapest first, truncated to `depth` workers with
+the pool's best-ranked worker always last (escalation must reach the strongest admissible worker,
+not just the next-cheapest). A worker predicted to cost more than the strongest never answers
+before it: the cheapest answers first, and paying more for a weaker answer is never a level. The
+acceptance threshold follows the request's cost weight (`acceptance_threshold`). A member that fails is skipped (the next one answers); when the
 ceiling stops the chain, the best answer so far is returned and the trace says so.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from decimal import Decimal
 
 from policies import Worker
 from router.compose.acceptance import acceptance_threshold
@@ -15,10 +19,21 @@ from router.compose.base import Answer, CeilingReached, Outcome, Run, StepFailed
 from router.compose.verifiers import Verifier
 
 
-def chain(pool: tuple[Worker, ...], depth: int) -> list[Worker]:
-    """Cheapest first, the best-ranked (pool[0]) last; `depth` workers at most."""
+def chain(
+    pool: tuple[Worker, ...], depth: int, cost: Callable[[Worker], Decimal] | None = None
+) -> list[Worker]:
+    """Cheapest first by `cost` (the step's predicted cost; list price without one), the best-ranked
+    (pool[0]) last; `depth` workers at most. Workers predicted to cost more than the strongest are
+    left out: none of them may answer before it."""
     strongest = pool[0]
-    cheaper = [w for w in by_price(pool) if w is not strongest]
+    if cost is None:
+        ordered = by_price(pool)
+        cheaper = [w for w in ordered if w is not strongest]
+        cheaper = cheaper[: ordered.index(strongest)]
+    else:
+        ceiling = cost(strongest)
+        by_cost = sorted(pool, key=lambda w: (cost(w), w.output_price_per_m, w.input_price_per_m, w.name))
+        cheaper = [w for w in by_cost if w is not strongest and cost(w) <= ceiling]
     return [*cheaper[: max(0, depth - 1)], strongest]
 
 
@@ -33,7 +48,7 @@ class Cascade:
 
     async def run(self, run: Run) -> Outcome:
         threshold = acceptance_threshold(run.cost_weight)
-        workers = chain(run.pool, self.depth)
+        workers = chain(run.pool, self.depth, lambda w: run.predict(w, run.messages))
         best: Answer | None = None
         for level, worker in enumerate(workers):
             last = level == len(workers) - 1
