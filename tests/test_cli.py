@@ -69,16 +69,11 @@ def test_policies_validate(tmp_path):
 
 
 def test_policies_explain_defaults_to_the_default_tenant(tmp_path):
-    result = run_cli(
-        "policies",
-        "explain",
-        "--text",
-        "mail bob@example.com",
-        "--data-dir",
-        str(tmp_path),
-        "--json",
-        env={"PATH": "/usr/bin:/bin", "DEEPSEEK_API_KEY": "x", "MISTRAL_API_KEY": "y"},
-    )
+    def explain(*extra: str, env: dict[str, str]):
+        args = ("policies", "explain", "--text", "mail bob@example.com", "--data-dir", str(tmp_path))
+        return run_cli(*args, "--json", *extra, env=env)
+
+    result = explain(env={"PATH": "/usr/bin:/bin", "DEEPSEEK_API_KEY": "x", "MISTRAL_API_KEY": "y"})
     assert result.returncode == 0, result.stderr
     body = json.loads(result.stdout)
     assert body["tenant"] == "default" and body["data_class"] == "pii"
@@ -86,17 +81,7 @@ def test_policies_explain_defaults_to_the_default_tenant(tmp_path):
     assert excluded["deepseek-chat"]["rule"] == "pii-eu-or-local"
     assert "mixtral-8x22b" in body["pool"] and "gemma-3-270m-local" in body["pool"]
     assert excluded["gpt-4.1"]["rule"] == "unavailable"
-    assumed = run_cli(
-        "policies",
-        "explain",
-        "--text",
-        "mail bob@example.com",
-        "--data-dir",
-        str(tmp_path),
-        "--json",
-        "--assume-available",
-        env={"PATH": "/usr/bin:/bin"},
-    )
+    assumed = explain("--assume-available", env={"PATH": "/usr/bin:/bin"})
     assert assumed.returncode == 0, assumed.stderr
     assumed_body = json.loads(assumed.stdout)
     assert assumed_body["assume_available"] is True
