@@ -37,6 +37,15 @@ class PolyrouteError(Exception):
         self.request_id = request_id
 
 
+def usd(value: Any) -> Decimal:
+    """A USD amount as the gateway sent it, without the exponent Decimal keeps from "0.000000000":
+    `print(route.cost_usd)` shows 0 for a free worker and 0.0000123 for a cheap call, not 0E-9."""
+    amount = Decimal(str(value))
+    if amount == amount.to_integral_value():
+        return amount.quantize(Decimal(1))
+    return amount.normalize()
+
+
 @dataclass(frozen=True)
 class Route:
     """What the gateway decided, read from the x-polyroute-* headers."""
@@ -58,7 +67,7 @@ class Route:
         return cls(
             worker=headers.get("x-polyroute-worker"),
             strategy=headers.get("x-polyroute-strategy"),
-            cost_usd=Decimal(cost) if cost else None,
+            cost_usd=usd(cost) if cost else None,
             request_id=headers.get("x-polyroute-request-id"),
             reason=headers.get("x-polyroute-route-reason"),
             policy_version=headers.get("x-polyroute-policy-version"),
@@ -139,7 +148,7 @@ class ChatStream:
         if chunk.get("usage"):
             self.usage = chunk["usage"]
         if chunk.get("polyroute", {}).get("cost_usd") is not None:
-            self.cost_usd = Decimal(chunk["polyroute"]["cost_usd"])
+            self.cost_usd = usd(chunk["polyroute"]["cost_usd"])
         if chunk.get("polyroute", {}).get("trace") is not None:
             self.trace = chunk["polyroute"]["trace"]
 

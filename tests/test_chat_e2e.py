@@ -258,3 +258,17 @@ def test_sdk_raises_polyroute_error(gateway):
     with Client(gateway.url, api_key=gateway.api_key) as client, pytest.raises(PolyrouteError) as info:
         client.chat(MESSAGES, model="no-such-worker")
     assert info.value.status == 404 and info.value.code == "model_not_found"
+
+
+def test_sdk_costs_print_as_plain_numbers():
+    """A free worker's cost header "0.000000000" used to print as 0E-9 (issue 15)."""
+    from polyroute.client import Route, usd
+
+    assert [str(usd(v)) for v in ("0.000000000", "0.000012300", "100.000", "1.250000000")] == [
+        "0",
+        "0.0000123",
+        "100",
+        "1.25",
+    ]
+    route = Route.from_headers(httpx.Headers({"x-polyroute-cost-usd": "0.000000000"}))
+    assert str(route.cost_usd) == "0" and route.cost_usd == 0
