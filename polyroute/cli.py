@@ -25,14 +25,22 @@ from polyroute.cli_retrieval import ingest_command, retrieval_app
 # after this line), so an explicit setting in the environment still wins.
 os.environ.setdefault("OMP_WAIT_POLICY", "passive")
 
-app = typer.Typer(help="polyroute: a cost-aware multi-model routing gateway.", no_args_is_help=True)
-keys_app = typer.Typer(help="Create, list and revoke API keys (stored hashed in the data dir).")
+app = typer.Typer(
+    help="polyroute: a cost-aware multi-model routing gateway.", no_args_is_help=True, rich_markup_mode=None
+)
+keys_app = typer.Typer(
+    help="Create, list and revoke API keys (stored hashed in the data dir).", rich_markup_mode=None
+)
 app.add_typer(keys_app, name="keys")
-policies_app = typer.Typer(help="Validate a policy file and explain its decisions.")
+policies_app = typer.Typer(help="Validate a policy file and explain its decisions.", rich_markup_mode=None)
 app.add_typer(policies_app, name="policies")
-router_app = typer.Typer(help="Train, evaluate, inspect and roll back the learned router.")
+router_app = typer.Typer(
+    help="Train, evaluate, inspect and roll back the learned router.", rich_markup_mode=None
+)
 app.add_typer(router_app, name="router")
-ledger_app = typer.Typer(help="The request ledger (file, or Redis when REDIS_URL is set).")
+ledger_app = typer.Typer(
+    help="The request ledger (file, or Redis when REDIS_URL is set).", rich_markup_mode=None
+)
 app.add_typer(ledger_app, name="ledger")
 app.add_typer(retrieval_app, name="retrieval")
 app.command("ingest")(ingest_command)

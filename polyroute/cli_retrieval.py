@@ -21,7 +21,9 @@ SUPPORTED = (".txt", ".md", ".markdown", ".pdf", ".html", ".htm")  # = retrieval
 MAX_BATCH_BYTES = 8 * 1024 * 1024
 RESULTS_DIR = Path(__file__).resolve().parent.parent / "bench" / "results"
 
-retrieval_app = typer.Typer(help="Evaluate retrieval (BM25, dense, hybrids) on a BEIR-format dataset.")
+retrieval_app = typer.Typer(
+    help="Evaluate retrieval (BM25, dense, hybrids) on a BEIR-format dataset.", rich_markup_mode=None
+)
 console = Console(stderr=True)
 
 

@@ -100,3 +100,14 @@ def test_policies_explain_defaults_to_the_default_tenant(tmp_path):
         env={"PATH": "/usr/bin:/bin", "COLUMNS": "200"},
     )
     assert table.returncode == 0 and "tenant acme" in table.stdout and "data class public" in table.stdout
+
+
+def test_help_keeps_the_env_and_default_hints():
+    """Rich used to read "[env POLYROUTE_PORT, default 8400]" as markup and drop it (issue 15)."""
+    import os
+
+    env = {**os.environ, "COLUMNS": "200"}
+    serve = run_cli("serve", "--help", env=env)
+    assert serve.returncode == 0 and "[env POLYROUTE_PORT, default 8400]" in serve.stdout
+    train = run_cli("router", "train", "--help", env=env)
+    assert "[default: <data dir>/router]" in train.stdout
