@@ -43,6 +43,8 @@ from router import RouteDecision, RouteRequest, estimate_cost
 from router.routelog import route_log
 
 log = logging.getLogger("polyroute.gateway")
+# One line per chat request: which worker served it, how it ended, how long it took, what it cost.
+access = logging.getLogger("polyroute.access")
 
 AUTO = "auto"
 
@@ -461,6 +463,18 @@ class Exchange:
             await ratelimits.correct_tokens(
                 state.stores.limiter, self.tenant, self.limits, total.prompt_tokens + total.completion_tokens
             )
+        latency_ms = round((time.perf_counter() - self.started) * 1000, 2)
+        access.info(
+            "%s tenant=%s model=%s worker=%s strategy=%s status=%d latency_ms=%.0f cost_usd=%s",
+            self.request_id,
+            self.tenant,
+            self.chat.model,
+            worker or "-",
+            strategy or self.decision.strategy,
+            status,
+            latency_ms,
+            f"{(self.settled_micros + micros) / 1e6:.6f}",
+        )
         state.ledger.record_request(
             RequestRecord(
                 id=self.request_id,
@@ -472,7 +486,7 @@ class Exchange:
                 prompt_tokens=total.prompt_tokens,
                 completion_tokens=total.completion_tokens,
                 cost_micros=self.settled_micros + micros,
-                latency_ms=round((time.perf_counter() - self.started) * 1000, 2),
+                latency_ms=latency_ms,
                 policy_version=self.admission.policy_version,
                 router_version=self.router_version,
                 data_class=self.admission.data_class,
@@ -499,6 +513,12 @@ class Exchange:
 
 def _refused(state: AppState, err: APIError, headers: dict[str, str]) -> Response:
     err.headers = {**headers, **err.headers}
+    access.info(
+        "%s refused status=%d code=%s",
+        headers.get("x-polyroute-request-id", "-"),
+        err.status,
+        err.code or err.type,
+    )
     state.metrics.errors.labels(err.code or err.type).inc()
     state.metrics.requests.labels("-", "-", str(err.status)).inc()
     return error_response(err)

@@ -272,3 +272,20 @@ def test_sdk_costs_print_as_plain_numbers():
     ]
     route = Route.from_headers(httpx.Headers({"x-polyroute-cost-usd": "0.000000000"}))
     assert str(route.cost_usd) == "0" and route.cost_usd == 0
+
+
+def test_one_access_line_per_request_names_the_worker(gateway, upstream, caplog):
+    """The log says which worker served each request, how it ended and what it cost (issue 15)."""
+    import logging
+
+    caplog.set_level(logging.INFO, logger="polyroute.access")
+    with Client(gateway.url, api_key=gateway.api_key) as client:
+        served = client.chat(MESSAGES, model="pricey")
+        with pytest.raises(PolyrouteError):
+            client.chat(MESSAGES, model="no-such-worker")
+    request_id = served.route.request_id
+    lines = [r.getMessage() for r in caplog.records if r.name == "polyroute.access"]
+    line = next(m for m in lines if m.startswith(request_id))
+    assert "tenant=acme" in line and "worker=pricey" in line and "status=200" in line
+    assert "latency_ms=" in line and "cost_usd=0.0" in line
+    assert any("refused status=404 code=model_not_found" in m for m in lines)
