@@ -52,6 +52,22 @@ EU_MEMBERS = (
     "SE",
 )
 DEFAULT_GROUPS = {"EU": EU_MEMBERS, "EEA": (*EU_MEMBERS, "IS", "LI", "NO")}
+# Every ISO 3166-1 alpha-2 code (from tzdata's iso3166.tab, public domain), plus `local` (this
+# machine): what a jurisdiction list may name besides a group, so a typo such as `Mars` is refused.
+ISO_COUNTRIES = frozenset(
+    """
+    AD AE AF AG AI AL AM AO AQ AR AS AT AU AW AX AZ BA BB BD BE BF BG BH BI BJ BL BM BN BO BQ BR
+    BS BT BV BW BY BZ CA CC CD CF CG CH CI CK CL CM CN CO CR CU CV CW CX CY CZ DE DJ DK DM DO DZ
+    EC EE EG EH ER ES ET FI FJ FK FM FO FR GA GB GD GE GF GG GH GI GL GM GN GP GQ GR GS GT GU GW
+    GY HK HM HN HR HT HU ID IE IL IM IN IO IQ IR IS IT JE JM JO JP KE KG KH KI KM KN KP KR KW KY
+    KZ LA LB LC LI LK LR LS LT LU LV LY MA MC MD ME MF MG MH MK ML MM MN MO MP MQ MR MS MT MU MV
+    MW MX MY MZ NA NC NE NF NG NI NL NO NP NR NU NZ OM PA PE PF PG PH PK PL PM PN PR PS PT PW PY
+    QA RE RO RS RU RW SA SB SC SD SE SG SH SI SJ SK SL SM SN SO SR SS ST SV SX SY SZ TC TD TF TG
+    TH TJ TK TL TM TN TO TR TT TV TW TZ UA UG UM US UY UZ VA VC VE VG VI VN VU WF WS YE YT ZA ZM
+    ZW
+    """.split()
+)
+SPECIAL_JURISDICTIONS = frozenset({"LOCAL"})
 
 
 class Strict(BaseModel):
@@ -219,9 +235,29 @@ class Policy(Strict):
             for data_class in rule.when.data_classes:
                 if data_class not in known:
                     problems.append(f"rule {rule.id}: unknown data class {data_class!r}")
+        problems += self._unknown_jurisdictions()
         if problems:
             raise ValueError("; ".join(problems))
         return self
+
+    def _unknown_jurisdictions(self) -> list[str]:
+        """Jurisdiction codes that are neither ISO 3166-1 countries, nor groups, nor `local`."""
+        groups = self.groups()
+        valid = ISO_COUNTRIES | SPECIAL_JURISDICTIONS | set(groups)
+        found = []
+        for name, members in self.jurisdiction_groups.items():
+            found += [(f"jurisdiction_groups.{name}", c) for c in members if c.upper() not in ISO_COUNTRIES]
+        for rule in self.rules:
+            for field in ("allow_jurisdictions", "deny_jurisdictions"):
+                found += [
+                    (f"rule {rule.id}: {field}", c)
+                    for c in getattr(rule, field) or ()
+                    if c.upper() not in valid
+                ]
+        if not found:
+            return []
+        hint = f"valid: ISO 3166-1 alpha-2 country codes (e.g. US, DE, FR), `local`, or a group ({', '.join(sorted(groups))})"
+        return [f"{where}: unknown jurisdiction {code!r}; {hint}" for where, code in found]
 
     def strictness(self, data_class: str) -> int:
         return self.data_classes.index(data_class)

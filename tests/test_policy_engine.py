@@ -260,12 +260,27 @@ def test_budget_excludes_what_would_overspend_but_keeps_free_workers():
         ("version: 1\ntenants: {a: {cost_weight: .inf}}", "tenants.a.cost_weight"),
         ("version: 1\ntenants: {a: {cost_weight: .nan}}", "tenants.a.cost_weight"),
         ("version: 1\ntenants: {a: {cost_weight: 1e6}}", "tenants.a.cost_weight"),
+        ("version: 1\nrules: [{id: r, allow_jurisdictions: [EU, Mars]}]", "unknown jurisdiction 'Mars'"),
+        ("version: 1\nrules: [{id: r, deny_jurisdictions: [UK]}]", "a group (EEA, EU)"),
+        (
+            "version: 1\njurisdiction_groups: {nordics: ['NO', XX]}",
+            "jurisdiction_groups.nordics: unknown jurisdiction 'XX'",
+        ),
     ],
 )
 def test_invalid_policies_are_refused_with_the_reason(text, fragment):
     with pytest.raises(PolicyError) as info:
         parse_policy(text, "policy.yaml")
     assert "policy.yaml" in str(info.value) and fragment in str(info.value)
+
+
+def test_jurisdictions_accept_countries_groups_and_local_in_any_case():
+    engine = PolicyEngine(
+        *parse_policy(
+            "version: 1\njurisdiction_groups: {nordics: ['no', IS]}\nrules: [{id: r, allow_jurisdictions: [nordics, eu, Local, us]}]"
+        )
+    )
+    assert engine.policy.rules[0].allow_jurisdictions == ("nordics", "eu", "Local", "us")
 
 
 def test_version_carries_label_and_content_hash():
