@@ -254,12 +254,17 @@ def test_debate_rebuts_then_the_judge_decides(gateway, upstream):
 
 
 # ---- degradation, errors, ledger -------------------------------------------------------------
-def test_a_policy_that_admits_one_worker_degrades_to_fast_mode(upstream, tmp_path):
+def _one_worker_gateway(upstream, tmp_path):
+    """A gateway whose policy admits only the French worker ("cheap"): every workflow degrades."""
     policy = tmp_path / "policy.yaml"
     policy.write_text(
         yaml.safe_dump({"version": "fr", "rules": [{"id": "fr-only", "allow_jurisdictions": ["FR"]}]})
     )
-    gw = start_gateway(parse_catalog(catalog_yaml_for(upstream.url)), tmp_path / "d", policy_file=policy)
+    return start_gateway(parse_catalog(catalog_yaml_for(upstream.url)), tmp_path / "d", policy_file=policy)
+
+
+def test_a_policy_that_admits_one_worker_degrades_to_fast_mode(upstream, tmp_path):
+    gw = _one_worker_gateway(upstream, tmp_path)
     try:
         answer = compose(gw, "debate")
         assert answer.status_code == 200 and answer.headers["x-polyroute-worker"] == "cheap"
@@ -274,11 +279,7 @@ def test_a_degraded_composition_still_returns_its_trace(upstream, tmp_path):
     """README's example with one admissible worker: `composed.trace["steps"]` must not be None."""
     from polyroute import Client
 
-    policy = tmp_path / "policy.yaml"
-    policy.write_text(
-        yaml.safe_dump({"version": "fr", "rules": [{"id": "fr-only", "allow_jurisdictions": ["FR"]}]})
-    )
-    gw = start_gateway(parse_catalog(catalog_yaml_for(upstream.url)), tmp_path / "d", policy_file=policy)
+    gw = _one_worker_gateway(upstream, tmp_path)
     try:
         upstream.behave("cheap-model", text="42")
         with Client(gw.url, api_key=gw.api_key) as client:
