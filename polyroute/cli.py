@@ -61,7 +61,9 @@ DataDir = Annotated[
 
 
 def _data_dir(data_dir: Path | None) -> Path:
-    return data_dir or Path(os.environ.get("POLYROUTE_DATA_DIR") or ".polyroute")
+    from polyroute.paths import data_dir as resolve
+
+    return resolve(data_dir)
 
 
 def _key_store(data_dir: Path | None):
@@ -739,12 +741,12 @@ def router_eval(
     if dataset != "routellm":
         console.print(f"[red]unknown dataset {dataset!r}[/] (known: routellm)")
         raise typer.Exit(2)
+    from polyroute.paths import results_dir
     from router.offline import run_routellm_eval
     from router.offline.single import quality_fit_predict
     from router.training import feature_builder
 
-    results = Path("bench/results")
-    out = out or results / f"router_eval_{dataset}.json"
+    out = out or results_dir(data_dir) / f"router_eval_{dataset}.json"
     plot = plot or out.with_suffix(".png")
     fit_predict = quality_fit_predict(feature_builder(backend), model, seed)
     run_routellm_eval(fit_predict, _routellm_root(data), out, plot, seed=seed)
@@ -837,7 +839,9 @@ def _router_eval_cascade(
     from router.offline.cascade import fit_and_save_acceptance
 
     source = _routellm_root(data) / "gsm8k" / "gsm8k_responses.csv"
-    out = out or Path("bench/results/router_eval_cascade.json")
+    from polyroute.paths import results_dir
+
+    out = out or results_dir(data_dir) / "router_eval_cascade.json"
     plot = plot or out.with_suffix(".png")
     try:
         report = run_gsm8k_cascade(source, out, plot, seed=seed, console=Console())

@@ -19,7 +19,6 @@ from rich.table import Table
 
 SUPPORTED = (".txt", ".md", ".markdown", ".pdf", ".html", ".htm")  # = retrieval.SUPPORTED_SUFFIXES
 MAX_BATCH_BYTES = 8 * 1024 * 1024
-RESULTS_DIR = Path(__file__).resolve().parent.parent / "bench" / "results"
 
 retrieval_app = typer.Typer(
     help="Evaluate retrieval (BM25, dense, hybrids) on a BEIR-format dataset.", rich_markup_mode=None
@@ -138,7 +137,7 @@ def eval_command(
         Path | None, typer.Option(help="keep the ingested corpus here and reuse it on the next run")
     ] = None,
     out: Annotated[
-        Path | None, typer.Option(help="JSON report [default bench/results/retrieval_eval_<name>.json]")
+        Path | None, typer.Option(help="JSON report [default <data dir>/results/retrieval_eval_<name>.json]")
     ] = None,
 ) -> None:
     """nDCG@10, Recall@100 and p50/p99 latency for BM25, dense, BM25→dense and RRF; disclosure savings."""
@@ -202,7 +201,9 @@ def eval_command(
             f"{d['gold_reachable']:.1%}",
         )
     Console().print(memory)
-    path = out or RESULTS_DIR / f"retrieval_eval_{result['name']}.json"
+    from polyroute.paths import results_dir
+
+    path = out or results_dir() / f"retrieval_eval_{result['name']}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=2) + "\n")
     console.print(f"wrote {path}")

@@ -106,3 +106,24 @@ def test_cli_replays_the_cascade_and_the_gateway_uses_the_saved_model(tmp_path, 
         assert len(upstream.requests_for("pricey-model")) == 1
     finally:
         gw.server.stop()
+
+
+def test_cli_eval_without_out_writes_under_the_data_dir_not_the_published_results(tmp_path):
+    """Running the README's command must not overwrite bench/results/ (issue 15)."""
+    import shutil
+
+    from tests.test_cli import run_cli
+
+    data = tmp_path / "routellm"
+    (data / "gsm8k").mkdir(parents=True)
+    shutil.copy(FIXTURE, data / "gsm8k" / "gsm8k_responses.csv")
+    published = Path(__file__).resolve().parent.parent / "bench" / "results" / "router_eval_cascade.json"
+    before = published.read_bytes() if published.exists() else None
+    done = run_cli(
+        "router", "eval", "--strategy", "cascade", "--data", str(data), "--data-dir", str(tmp_path / "gw")
+    )
+    assert done.returncode == 0, done.stderr
+    written = tmp_path / "gw" / "results" / "router_eval_cascade.json"
+    assert written.exists() and written.with_suffix(".png").exists()
+    assert str(written) in "".join((done.stdout + done.stderr).split())  # the path is said (wrapped)
+    assert (published.read_bytes() if published.exists() else None) == before
