@@ -19,6 +19,8 @@ from rich.table import Table
 
 from polyroute.cli_calibrate import calibrate_command  # `router calibrate` (issue 14): body in that module
 from polyroute.cli_retrieval import ingest_command, retrieval_app
+from polyroute.paths import data_dir as _data_dir  # --data-dir, else POLYROUTE_DATA_DIR, else .polyroute
+from polyroute.paths import results_dir
 
 # Training fits LightGBM and torch models with OpenMP, whose idle threads spin by default: on a small
 # machine busy with anything else that made fits 20-100x slower. Read when the runtime loads (lazily,
@@ -58,12 +60,6 @@ DataDir = Annotated[
     Path | None,
     typer.Option("--data-dir", help="state directory [env POLYROUTE_DATA_DIR, default .polyroute]"),
 ]
-
-
-def _data_dir(data_dir: Path | None) -> Path:
-    from polyroute.paths import data_dir as resolve
-
-    return resolve(data_dir)
 
 
 def _key_store(data_dir: Path | None):
@@ -728,8 +724,21 @@ def router_eval(
     if strategy not in ("fast", "cascade"):
         raise typer.BadParameter("use fast or cascade", param_hint="--strategy")
     if onboard is not None:
-        _router_eval_onboard(
-            fmt, train or [], test or [], prices, backend, model, seed, out, onboard, probes, onboard_repeats
+        if probes < 5:
+            raise typer.BadParameter("at least 5", param_hint="--probes")
+        if onboard_repeats < 1:
+            raise typer.BadParameter("at least 1", param_hint="--onboard-repeats")
+        _router_eval_files(
+            fmt,
+            train or [],
+            test or [],
+            prices,
+            backend,
+            model,
+            seed,
+            out,
+            None,
+            onboard=(onboard, probes, onboard_repeats),
         )
         return
     if fmt is not None:
@@ -741,7 +750,6 @@ def router_eval(
     if dataset != "routellm":
         console.print(f"[red]unknown dataset {dataset!r}[/] (known: routellm)")
         raise typer.Exit(2)
-    from polyroute.paths import results_dir
     from router.offline import run_routellm_eval
     from router.offline.single import quality_fit_predict
     from router.training import feature_builder
@@ -839,8 +847,6 @@ def _router_eval_cascade(
     from router.offline.cascade import fit_and_save_acceptance
 
     source = _routellm_root(data) / "gsm8k" / "gsm8k_responses.csv"
-    from polyroute.paths import results_dir
-
     out = out or results_dir(data_dir) / "router_eval_cascade.json"
     plot = plot or out.with_suffix(".png")
     try:
@@ -871,49 +877,8 @@ def _pool_eval_model(
     return model
 
 
-def _router_eval_onboard(
-    fmt: str | None,
-    train: list[Path],
-    test: list[Path],
-    prices: Path | None,
-    backend: str,
-    model: str,
-    seed: int,
-    out: Path | None,
-    worker: str,
-    probes: int,
-    repeats: int,
-) -> None:
-    """`router eval --format F --onboard WORKER --probes N`: router/offline/onboard_eval.py."""
-    from router.offline.harness import run_onboard_eval
-
-    if probes < 5:
-        raise typer.BadParameter("at least 5", param_hint="--probes")
-    if repeats < 1:
-        raise typer.BadParameter("at least 1", param_hint="--onboard-repeats")
-    model = _pool_eval_model(fmt, train, test, out, model, "--onboard")
-    try:
-        run_onboard_eval(
-            fmt,
-            train,
-            test,
-            out,
-            worker=worker,
-            probes=probes,
-            repeats=repeats,
-            prices=prices,
-            backend=backend,
-            model=model,
-            seed=seed,
-        )
-    except (ValueError, FileNotFoundError) as exc:
-        console.print(f"[red]{exc}[/]")
-        raise typer.Exit(1) from None
-    console.print(f"wrote {out}")
-
-
 def _router_eval_files(
-    fmt: str,
+    fmt: str | None,
     train: list[Path],
     test: list[Path],
     prices: Path | None,
@@ -923,24 +888,21 @@ def _router_eval_files(
     out: Path | None,
     plot: Path | None,
     strategy: str = "fast",
+    onboard: tuple[str, int, int] | None = None,
 ) -> None:
-    """`router eval --format`: any files of a known format; a bad file is one red line naming file:line."""
+    """`router eval --format` (with `--onboard WORKER --probes N`: router/offline/onboard_eval.py): any
+    files of a known format; a bad file is one red line naming file:line."""
     from router.offline import run_pool_eval
+    from router.offline.harness import run_onboard_eval
 
-    model = _pool_eval_model(fmt, train, test, out, model, "--format")
+    model = _pool_eval_model(fmt, train, test, out, model, "--format" if onboard is None else "--onboard")
+    common = {"prices": prices, "backend": backend, "model": model, "seed": seed}
     try:
-        run_pool_eval(
-            fmt,
-            train,
-            test,
-            out,
-            plot,
-            strategy=strategy,
-            prices=prices,
-            backend=backend,
-            model=model,
-            seed=seed,
-        )
+        if onboard is None:
+            run_pool_eval(fmt, train, test, out, plot, strategy=strategy, **common)
+        else:
+            worker, probes, repeats = onboard
+            run_onboard_eval(fmt, train, test, out, worker=worker, probes=probes, repeats=repeats, **common)
     except (ValueError, FileNotFoundError) as exc:
         console.print(f"[red]{exc}[/]")
         raise typer.Exit(1) from None

@@ -46,20 +46,19 @@ def _bce(p: np.ndarray, y: np.ndarray) -> float:
     return float(-np.sum(y * np.log(p) + (1.0 - y) * np.log(1.0 - p)))
 
 
-def _shift(z: np.ndarray, y: np.ndarray) -> tuple[float, float]:
-    """The offset d that best explains y as sigmoid(z + d) (penalised like δ), and its loss."""
+def _shifted_loss(z: np.ndarray, y: np.ndarray) -> float:
+    """How well y is explained as sigmoid(z + d) at the best offset d (penalised like δ)."""
     from scipy.optimize import minimize_scalar
 
     def loss(d: float) -> float:
         return _bce(_sigmoid(z + d), y) + 0.5 * d * d
 
-    found = minimize_scalar(loss, bounds=(-8.0, 8.0), method="bounded")
-    return float(found.x), float(found.fun)
+    return float(minimize_scalar(loss, bounds=(-8.0, 8.0), method="bounded").fun)
 
 
 def prior_vector(Z: np.ndarray, y: np.ndarray, temperature: float = PRIOR_TEMPERATURE) -> np.ndarray:
     """β₀: weights over the known workers, softmax of how well each one (shifted) explains the probes."""
-    losses = np.array([_shift(Z[:, j], y)[1] for j in range(Z.shape[1])])
+    losses = np.array([_shifted_loss(Z[:, j], y) for j in range(Z.shape[1])])
     score = -(losses - losses.min()) / temperature
     weights = np.exp(score)
     return weights / weights.sum()

@@ -14,7 +14,7 @@ import os
 import shutil
 from pathlib import Path
 
-from router.artifacts import CURRENT, activate_version, read_pointer
+from router.artifacts import CURRENT, activate_version
 
 log = logging.getLogger("polyroute.router")
 
@@ -36,7 +36,7 @@ def install_shipped_prior(root: Path) -> str | None:
     directory renamed into place, so a crash mid-copy leaves no half version behind."""
     root = Path(root)
     version = shipped_version()
-    if version is None or (root / CURRENT).exists() or read_pointer(root).get("version"):
+    if version is None or (root / CURRENT).exists():
         return None
     root.mkdir(parents=True, exist_ok=True)
     target = root / version

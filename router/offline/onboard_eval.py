@@ -26,8 +26,8 @@ import numpy as np
 
 from router.costs import CostModel
 from router.offline.dataset import RoutingDataset
-from router.offline.metrics import DEFAULT_LAMBDAS, lambda_curve, route, score_choices
-from router.offline.pool import PoolData, fit_quality_model, score_aiq, single_workers
+from router.offline.metrics import DEFAULT_LAMBDAS
+from router.offline.pool import PoolData, fit_quality_model, score_aiq, single_workers, swept_router
 from router.onboard import DEFAULT_ALPHA, fit_vector
 from router.quality import _logit, _sigmoid
 
@@ -49,19 +49,6 @@ def onboard_cost(known_log_cost: np.ndarray, probe_known_log_cost: np.ndarray, p
     coef, *_ = np.linalg.lstsq(A, target, rcond=None)
     smearing = float(np.mean(np.exp(target - A @ coef)))
     return np.exp(np.c_[known_log_cost.mean(axis=1), np.ones(len(known_log_cost))] @ coef) * smearing
-
-
-class _Scorer:
-    """λ-swept routing over a subset of the pool's columns, scored on the test labels and costs."""
-
-    def __init__(self, data: PoolData, lambdas: Sequence[float]) -> None:
-        self.data, self.lambdas = data, list(lambdas)
-
-    def router(self, name: str, quality: np.ndarray, cost: np.ndarray, columns: Sequence[int]) -> dict:
-        columns = np.asarray(columns)
-        choices = columns[route(quality[:, columns], cost[:, columns], self.lambdas)]
-        accuracy, spent = score_choices(choices, self.data.test.labels, self.data.test_costs)
-        return {"name": name, "curve": lambda_curve(accuracy, spent, self.lambdas)}
 
 
 def evaluate_onboarding(
@@ -96,7 +83,10 @@ def evaluate_onboarding(
     if probes > len(labelled):
         raise ValueError(f"--probes {probes}: {worker} has only {len(labelled)} labelled training queries")
     Y, C = data.train.labels, data.train_costs
-    scorer = _Scorer(data, lambdas)
+    every = range(len(data.workers))
+
+    def router(name: str, quality: np.ndarray, cost: np.ndarray, columns: Sequence[int]) -> dict:
+        return swept_router(name, quality, cost, data.test, lambdas, columns)[0]
 
     say(f"fitting the full router ({model}, every label) and the one without {worker}")
     full_q = fit_quality_model(model, data.X_train, Y, seed).predict(data.X_test)
@@ -106,8 +96,8 @@ def evaluate_onboarding(
     without_q = np.zeros_like(full_q)
     without_q[:, others] = known_q  # a router that never saw WORKER: the representation ours builds on
     routers = {
-        "full": scorer.router("full", full_q, full_cost, range(len(data.workers))),
-        "without": scorer.router("without", without_q, full_cost, others),
+        "full": router("full", full_q, full_cost, every),
+        "without": router("without", without_q, full_cost, others),
     }
     draws = []
     for r in range(repeats):
@@ -129,8 +119,8 @@ def evaluate_onboarding(
         draws.append(
             {
                 "seed": seed + r,
-                "router": scorer.router("ours", quality, cost, range(len(data.workers))),
-                "prior_weights": dict(
+                "router": router("ours", quality, cost, every),
+                "vector": dict(
                     zip([data.workers[j] for j in others], np.round(beta, 4).tolist(), strict=True)
                 ),
                 "offset": delta,
@@ -140,8 +130,8 @@ def evaluate_onboarding(
     scored = {**routers, **{f"draw{i}": d["router"] for i, d in enumerate(draws)}}
     max_cost = score_aiq(scored, singles)
     ours_aiq = float(np.mean([d["router"]["aiq"] for d in draws]))
-    mid = draws[0]["router"]
-    routers["ours"] = {**mid, "aiq": ours_aiq, "aiq_first_draw": mid["aiq"]}
+    first = draws[0]["router"]
+    routers["ours"] = {**first, "aiq": ours_aiq, "aiq_first_draw": first["aiq"]}
     full, without = routers["full"]["aiq"], routers["without"]["aiq"]
     span = full - without
 
@@ -149,11 +139,7 @@ def evaluate_onboarding(
         return None if abs(span) < 1e-12 else (value - without) / span
 
     return {
-        "workers": data.workers,
-        "n_train": len(data.train),
-        "n_test": len(data.test),
-        **data.counts,
-        "max_cost_usd": max_cost,
+        **data.summary(max_cost),
         "routers": routers,
         "singles": singles,
         "onboarding": {
@@ -170,7 +156,7 @@ def evaluate_onboarding(
                     "seed": d["seed"],
                     "aiq": d["router"]["aiq"],
                     "gain_recovered": recovered(d["router"]["aiq"]),
-                    "vector": d["prior_weights"],
+                    "vector": d["vector"],
                     "offset": d["offset"],
                 }
                 for d in draws

@@ -81,6 +81,16 @@ class PoolData:
     def workers(self) -> list[str]:
         return list(self.train.workers)
 
+    def summary(self, max_cost: float) -> dict:
+        """The head every N-worker result body starts with: workers, row counts, the AIQ cost axis."""
+        return {
+            "workers": self.workers,
+            "n_train": len(self.train),
+            "n_test": len(self.test),
+            **self.counts,
+            "max_cost_usd": max_cost,
+        }
+
     @property
     def test_costs(self) -> np.ndarray:
         assert self.test.costs is not None  # align refuses files without costs
@@ -166,10 +176,20 @@ def constant_router(name: str, accuracy: float, cost: float, lambdas: Sequence[f
 
 
 def swept_router(
-    name: str, quality: np.ndarray, cost: np.ndarray, test: RoutingDataset, lambdas: Sequence[float]
+    name: str,
+    quality: np.ndarray,
+    cost: np.ndarray,
+    test: RoutingDataset,
+    lambdas: Sequence[float],
+    columns: Sequence[int] | None = None,
 ) -> tuple[dict, np.ndarray]:
-    """quality − λ·cost routing over a λ sweep, scored on the test labels and costs; (result, choices)."""
-    choices = route(quality, cost, lambdas)
+    """quality − λ·cost routing over a λ sweep, scored on the test labels and costs; (result, choices).
+    ``columns`` restricts the pool to those workers (choices stay indices into all of them)."""
+    if columns is None:
+        choices = route(quality, cost, lambdas)
+    else:
+        pool = np.asarray(columns)
+        choices = pool[route(quality[:, pool], cost[:, pool], lambdas)]
     assert test.costs is not None
     accuracy, spent = score_choices(choices, test.labels, test.costs)
     return {"name": name, "curve": lambda_curve(accuracy, spent, lambdas)}, choices

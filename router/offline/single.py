@@ -179,11 +179,7 @@ def evaluate_pool(
     ours["model"] = model
     task_shares = shares(ours_choices[i], data.test.groups, data.workers)
     return {
-        "workers": data.workers,
-        "n_train": len(data.train),
-        "n_test": len(data.test),
-        **data.counts,
-        "max_cost_usd": max_cost,
+        **data.summary(max_cost),
         "routers": routers,
         "singles": singles,
         "per_task": per_task(data, ours_choices[i], task_shares),
