@@ -288,3 +288,64 @@ def test_model_names_cover_factory() -> None:
     assert make_quality_model("lightgbm").kind == "lightgbm"
     assert isinstance(make_quality_model("mf", random_state=5), MatrixFactorization)
     assert isinstance(make_quality_model("knn"), KNNQuality)
+
+
+# ---------------------------------------------------------------------- selection by cross-fitting
+@pytest.mark.parametrize("kind", ["logreg", "lightgbm"])
+def test_fit_reusing_cross_fit_scores_is_the_same_model(kind: str, data: dict) -> None:
+    """The folds that scored a candidate calibrate the chosen one: no refit, identical predictions."""
+    X, Y = data["X"][:600], data["Y"][:600]
+    fresh = FACTORIES[kind]().fit(X, Y)
+    candidate = FACTORIES[kind]()
+    folds = candidate.cross_fit(X, Y)
+    reused = candidate.fit(X, Y, oof_raw=folds.raw)
+    np.testing.assert_allclose(reused.predict(data["X_test"]), fresh.predict(data["X_test"]), atol=1e-12)
+    assert reused.calibration_ == fresh.calibration_ == ["sigmoid", "sigmoid"]
+
+
+def test_cross_fit_scores_every_label_out_of_fold(data: dict) -> None:
+    X, Y = data["X"], data["Y"].copy()
+    Y[:, 1] = np.where(np.isnan(Y[:, 1]), np.nan, 1.0)  # one class: a Laplace rate, not an estimator
+    folds = PerWorkerClassifier("logreg").cross_fit(X, Y)
+    labelled = ~np.isnan(Y)
+    assert np.isfinite(folds.proba[labelled]).all() and np.isnan(folds.proba[~labelled]).all()
+    assert folds.raw[0] is not None and folds.raw[0].shape == (labelled[:, 0].sum(),)
+    assert folds.raw[1] is None
+    # worker 0 is learnable (X[:, 0] > 0): out of fold it still beats its base rate by far
+    oof = score_predictions(folds.proba[:, :1], Y[:, :1])["brier"]
+    base = score_predictions(np.full((len(Y), 1), np.nanmean(Y[:, 0])), Y[:, :1])["brier"]
+    assert oof < 0.5 * base
+    # an in-sample fit scores better than out of fold: the folds did not see their own rows
+    in_sample = score_predictions(PerWorkerClassifier("logreg").fit(X, Y).predict(X)[:, :1], Y[:, :1])["brier"]
+    assert in_sample < oof
+    with pytest.raises(ValueError, match="oof_raw has 1 workers"):
+        PerWorkerClassifier("logreg").fit(X, Y, oof_raw=folds.raw[:1])
+
+
+def test_select_by_cross_fit_reports_progress_and_pickles_clean(data: dict) -> None:
+    X, Y = data["X"], data["Y"]
+    heard: list[tuple[str, int, int]] = []
+    model, report = select_quality_model(
+        X, Y, candidates=("logreg", "lightgbm"), progress=lambda *event: heard.append(event)
+    )
+    assert report["validation"] == "3-fold out-of-fold" and report["n_rows"] == len(X)
+    best = min(report["scores"], key=lambda n: report["scores"][n]["brier"])
+    assert report["chosen"] == best == model.kind
+    for scores in report["scores"].values():
+        assert scores["brier"] < report["baseline"]["brier"]
+    stages = {}
+    for stage, done, total in heard:
+        stages.setdefault(stage, []).append((done, total))
+    assert list(stages) == [
+        "scoring logreg out of fold",
+        "scoring lightgbm out of fold",
+        f"fitting {model.kind} on all rows",
+    ]
+    for events in stages.values():  # each stage counts 1..total, and total was planned right
+        assert [done for done, _ in events] == list(range(1, len(events) + 1))
+        assert all(total == len(events) for _, total in events)
+    assert stages[f"fitting {model.kind} on all rows"][-1][1] == 2  # one fit per worker, no folds again
+    json.dumps(report)
+    buffer = io.BytesIO()
+    joblib.dump(model, buffer)  # the progress callback is not kept on the model
+    np.testing.assert_array_equal(joblib.load(io.BytesIO(buffer.getvalue())).predict(X[:5]), model.predict(X[:5]))
