@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -58,7 +59,13 @@ def feature_builder_for(description: dict[str, Any]):
     return builder
 
 
-def fit_quality(X: np.ndarray, labels: np.ndarray, model: str = "auto", random_state: int = 0):
+def fit_quality(
+    X: np.ndarray,
+    labels: np.ndarray,
+    model: str = "auto",
+    random_state: int = 0,
+    progress: Callable[[str, int, int], None] | None = None,
+):
     from router.quality import select_quality_model
 
     if model not in MODEL_CHOICES:
@@ -69,7 +76,43 @@ def fit_quality(X: np.ndarray, labels: np.ndarray, model: str = "auto", random_s
         fitted = EnsembleQuality(random_state=random_state).fit(X, labels)
         return fitted, {"chosen": "ensemble", "members": [list(m) for m in fitted.members]}
     candidates = AUTO_CANDIDATES if model == "auto" else (model,)
-    return select_quality_model(X, labels, candidates=candidates, random_state=random_state)
+    return select_quality_model(
+        X, labels, candidates=candidates, random_state=random_state, progress=progress
+    )
+
+
+@contextmanager
+def fit_progress(enabled: bool) -> Iterator[Callable[[str, int, int], None] | None]:
+    """A rich bar per fitting stage, with the fits done, elapsed time and an ETA; None when disabled."""
+    if not enabled:
+        yield None
+        return
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    tasks: dict[str, Any] = {}
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("fits"),
+        TimeElapsedColumn(),
+        TextColumn("ETA"),
+        TimeRemainingColumn(),
+    ) as bar:
+
+        def report(stage: str, done: int, total: int) -> None:
+            if stage not in tasks:
+                tasks[stage] = bar.add_task(stage, total=total)
+            bar.update(tasks[stage], completed=done, total=total)
+
+        yield report
 
 
 def train_artifact(
@@ -93,7 +136,8 @@ def train_artifact(
     started = time.time()
     builder = feature_builder(backend)
     X = builder.transform(list(texts), list(turns), progress=progress)
-    fitted, report = fit_quality(X, labels, model, random_state)
+    with fit_progress(progress) as on_fit:
+        fitted, report = fit_quality(X, labels, model, random_state, progress=on_fit)
     observed = {w: int(np.sum(~np.isnan(labels[:, i]))) for i, w in enumerate(workers)}
     tier_prior: dict[str, float] = {}
     for tier in set((tiers or {}).values()):

@@ -109,6 +109,9 @@ def test_router_train_from_ledger_weighs_the_sources(tmp_path):
     (tmp_path / "ledger.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     both = train(tmp_path)
     assert both.returncode == 0, both.stderr
+    # every fitting stage shows a bar with its fits counted (issue 15: long jobs say how far they are)
+    assert "scoring logreg out of fold" in both.stdout and "fitting logreg on all rows" in both.stdout
+    assert "2/2 fits" in both.stdout
     root = tmp_path / "router"
     assert read_pointer(root) == {}  # --no-activate: a candidate, not in force
     [first] = [json.loads(p.read_text()) for p in root.glob("*/card.json")]
