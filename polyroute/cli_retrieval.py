@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 from typing import Annotated
 
@@ -124,9 +125,20 @@ def eval_command(
     dataset: Annotated[
         Path,
         typer.Option(
-            "--dataset", exists=True, help="BEIR folder: corpus.jsonl, queries.jsonl, qrels/test.tsv"
+            "--dataset", exists=True, help="BEIR folder: corpus.jsonl, queries.jsonl, qrels/<split>.tsv"
         ),
     ],
+    split: Annotated[
+        str | None,
+        typer.Option(help="qrels split: train or test [default: test when qrels/test.tsv exists, else train]"),
+    ] = None,
+    subset: Annotated[
+        str,
+        typer.Option(help="all queries, or a fixed half: tune / validation (tune on one, report the other)"),
+    ] = "all",
+    disclosure_queries: Annotated[
+        int | None, typer.Option(help="run the disclosure report on the first N queries only")
+    ] = None,
     embedder: Annotated[str, typer.Option(help="minilm (sentence-transformers) or minilm-static")] = "minilm",
     candidates: Annotated[int, typer.Option(help="BM25/dense candidates per stage")] = 100,
     max_queries: Annotated[int | None, typer.Option(help="evaluate the first N queries only")] = None,
@@ -142,17 +154,38 @@ def eval_command(
 ) -> None:
     """nDCG@10, Recall@100 and p50/p99 latency for BM25, dense, BM25→dense and RRF; disclosure savings."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from retrieval.evaluate import EVAL_ORDER, METHOD_LABELS, evaluate
+    from retrieval.evaluate import EVAL_ORDER, METHOD_LABELS, SUBSETS, default_split, evaluate
+
+    if split is not None and split not in ("train", "test"):
+        console.print(f"[red]--split must be train or test, not {split!r}[/red]")
+        raise typer.Exit(2)
+    if subset not in SUBSETS:
+        console.print(f"[red]--subset must be one of {', '.join(SUBSETS)}, not {subset!r}[/red]")
+        raise typer.Exit(2)
+    split = split or default_split(dataset)
+    if not (dataset / "qrels" / f"{split}.tsv").exists():
+        console.print(f"[red]{dataset} has no qrels/{split}.tsv[/red]")
+        raise typer.Exit(2)
 
     with Progress(
-        TextColumn("[bold]{task.fields[stage]}[/bold]"), BarColumn(), MofNCompleteColumn(), console=console
+        TextColumn("[bold]{task.fields[stage]}[/bold]"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[rate]}"),
+        TimeRemainingColumn(),
+        console=console,
     ) as progress:
         tasks: dict[str, int] = {}
 
+        started: dict[str, float] = {}
+
         def report(stage: str, done: int, total: int) -> None:
             if stage not in tasks:
-                tasks[stage] = progress.add_task(stage, total=total, stage=stage)
-            progress.update(tasks[stage], completed=done, total=total)
+                tasks[stage] = progress.add_task(stage, total=total, stage=stage, rate="")
+                started[stage] = time.perf_counter()
+            elapsed = max(time.perf_counter() - started[stage], 1e-9)
+            unit = "docs" if stage == "ingest" else "queries"
+            progress.update(tasks[stage], completed=done, total=total, rate=f"{done / elapsed:,.1f} {unit}/s")
 
         result = evaluate(
             dataset,
@@ -164,8 +197,16 @@ def eval_command(
             disclosure_mode=disclosure_mode,
             progress=report,
             cache_dir=cache_dir,
+            split=split,
+            subset=subset,
+            disclosure_queries=disclosure_queries,
         )
-    table = Table(title=f"{result['name']}: {result['corpus_docs']} docs, {result['queries']} queries")
+    label = result["split"] + ("" if result["subset"] == "all" else f" ({result['subset']} half)")
+    table = Table(
+        title=f"{result['name']} {label}: {result['corpus_docs']} docs, {result['chunks']} chunks, "
+        f"{result['queries']} queries; ingest {result['ingest_s']:.0f} s (embedding "
+        f"{result['ingest_embed_s']:.0f} s, indexing {result['ingest_index_s']:.1f} s)"
+    )
     for column in ("method", "nDCG@10", "Recall@100", "p50 ms", "p99 ms"):
         table.add_column(column, justify="left" if column == "method" else "right")
     for method in EVAL_ORDER:

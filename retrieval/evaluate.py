@@ -1,6 +1,10 @@
-"""Retrieval evaluation on a BEIR-format folder: corpus.jsonl, queries.jsonl, qrels/test.tsv.
+"""Retrieval evaluation on a BEIR-format folder: corpus.jsonl, queries.jsonl, qrels/<split>.tsv.
 
-Every method runs through the real collection code (ingest → BM25 + Qdrant → `Collection.rank`),
+The split is `test` when qrels/test.tsv exists, else `train`. `subset` keeps a deterministic half
+of the queries (`tune` / `validation`, by a hash of the query id), so parameters tuned on one half
+of the train qrels are reported on the other.
+
+Every method runs through the real collection code (ingest → one Qdrant collection → `Collection.rank`),
 chunk hits grouped by document (best chunk counts). Metrics as trec_eval computes them: nDCG@10
 with linear gains, Recall@100 over the judged-relevant documents. Query latency is wall time of
 one `rank` call (query embedding included, not cached).
@@ -14,6 +18,7 @@ bring it in.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import math
 import statistics
 import tempfile
@@ -30,7 +35,7 @@ from retrieval.store import MODES, DocumentInput, RetrievalConfig, Retriever
 METHOD_LABELS = {
     "bm25": "BM25 alone",
     "dense": "dense alone (MiniLM)",
-    "bm25_dense": "BM25 top-100 → dense re-score",
+    "bm25_dense": "BM25 top-100 → BM25 + dense (one query)",
     "rrf": "RRF(dense top-100 ∪ BM25 top-100)",
 }
 EVAL_ORDER = ("bm25", "dense", "bm25_dense", "rrf")
@@ -42,10 +47,30 @@ class BeirData:
     corpus: dict[str, tuple[str, str]]  # id -> (title, text)
     queries: dict[str, str]
     qrels: dict[str, dict[str, int]]
+    split: str = "test"
+    subset: str = "all"
 
 
-def load_beir(path: Path, split: str = "test") -> BeirData:
+SUBSETS = ("all", "tune", "validation")
+
+
+def default_split(path: Path) -> str:
+    return "test" if (Path(path) / "qrels" / "test.tsv").exists() else "train"
+
+
+def in_subset(query_id: str, subset: str) -> bool:
+    """A fixed half of the queries: `tune` or `validation` (sha256 of the id, even or odd)."""
+    if subset == "all":
+        return True
+    odd = hashlib.sha256(query_id.encode()).digest()[0] & 1
+    return bool(odd) == (subset == "validation")
+
+
+def load_beir(path: Path, split: str | None = None, subset: str = "all") -> BeirData:
     path = Path(path)
+    split = split or default_split(path)
+    if subset not in SUBSETS:
+        raise ValueError(f"unknown subset {subset!r}; expected one of {', '.join(SUBSETS)}")
     missing = [p for p in ("corpus.jsonl", "queries.jsonl", f"qrels/{split}.tsv") if not (path / p).exists()]
     if missing:
         raise FileNotFoundError(f"{path} is not a BEIR folder: missing {', '.join(missing)}")
@@ -68,8 +93,8 @@ def load_beir(path: Path, split: str = "test") -> BeirData:
             if len(parts) < 3 or (i == 0 and not parts[2].strip().lstrip("-").isdigit()):
                 continue  # the header
             qrels.setdefault(parts[0], {})[parts[1]] = int(parts[2])
-    queries = {q: t for q, t in queries.items() if q in qrels}
-    return BeirData(path.name, corpus, queries, qrels)
+    queries = {q: t for q, t in queries.items() if q in qrels and in_subset(q, subset)}
+    return BeirData(path.name, corpus, queries, qrels, split, subset)
 
 
 def ndcg_at(ranked: list[str], relevant: dict[str, int], k: int = 10) -> float:
@@ -102,9 +127,16 @@ def token_counter() -> Callable[[str], int]:
         return lambda text: max(1, len(text) // 4)
 
 
-def ingest_corpus(retriever: Retriever, data: BeirData, progress: Callable[[int, int], None] | None = None):
+def ingest_corpus(
+    retriever: Retriever,
+    data: BeirData,
+    progress: Callable[[int, int], None] | None = None,
+    timings: dict[str, float] | None = None,
+):
+    """Ingest in batches, then optimise the shard (HNSW); `timings` gets `embed` and `index` seconds."""
     collection = retriever.get("eval", "beir", create=True)
     items = list(data.corpus.items())
+    timings = {} if timings is None else timings
     started = time.perf_counter()
     batch = 256
     for start in range(0, len(items), batch):
@@ -113,10 +145,12 @@ def ingest_corpus(retriever: Retriever, data: BeirData, progress: Callable[[int,
             for doc_id, (title, text) in items[start : start + batch]
             if (text or title).strip()
         ]
-        collection.ingest(docs)
+        collection.ingest(docs, timings)
         if progress:
             progress(min(start + batch, len(items)), len(items))
-    collection.bm25.checkpoint()
+    optimized = time.perf_counter()
+    collection.optimize()
+    timings["index"] = timings.get("index", 0.0) + time.perf_counter() - optimized
     return collection, time.perf_counter() - started
 
 
@@ -143,15 +177,18 @@ def evaluate(
     disclosure_mode: str = "rrf",
     progress: Callable[[str, int, int], None] | None = None,
     cache_dir: Path | None = None,
+    split: str | None = None,
+    subset: str = "all",
+    disclosure_queries: int | None = None,
 ) -> dict:
-    data = load_beir(dataset)
+    data = load_beir(dataset, split, subset)
     for method in methods:
         if method not in MODES:
             raise ValueError(f"unknown method {method!r}")
     with contextlib.ExitStack() as stack:
         if cache_dir is not None:  # reuse an ingested copy of this exact corpus (ingest is the slow part)
             stat = (Path(dataset) / "corpus.jsonl").stat()
-            root = Path(cache_dir) / f"{data.name}-{embedder}-{stat.st_size}-{int(stat.st_mtime)}"
+            root = Path(cache_dir) / f"{data.name}-{embedder}-{stat.st_size}-{int(stat.st_mtime)}-v2"
             root.mkdir(parents=True, exist_ok=True)
         else:
             root = Path(stack.enter_context(tempfile.TemporaryDirectory(dir=work_dir)))
@@ -166,6 +203,7 @@ def evaluate(
             snippets,
             disclosure_mode,
             progress,
+            disclosure_queries,
         )
     report["dataset"] = str(dataset)
     report["embedder"] = embedder
@@ -180,7 +218,10 @@ def _evaluate_in(root, data, embedder, *args) -> dict:
         retriever.close()
 
 
-def _run(retriever, data, methods, candidates, max_queries, index_size, snippets, disclosure_mode, progress):
+def _run(
+    retriever, data, methods, candidates, max_queries, index_size, snippets, disclosure_mode, progress,
+    disclosure_queries=None,
+):
     tick = (
         (lambda stage: lambda done, total: progress(stage, done, total)) if progress else (lambda stage: None)
     )
@@ -188,20 +229,30 @@ def _run(retriever, data, methods, candidates, max_queries, index_size, snippets
     wanted = sum(1 for title, text in data.corpus.values() if (text or title).strip())
     if collection.stats()["documents"] == wanted and "ingest_s" in collection.meta:
         ingest_s = float(collection.meta["ingest_s"])  # a cached ingest: report the time it took then
+        timings = collection.meta.get("ingest_timings", {})
     else:
-        collection, ingest_s = ingest_corpus(retriever, data, tick("ingest"))
+        timings = {}
+        collection, ingest_s = ingest_corpus(retriever, data, tick("ingest"), timings)
         collection.meta["ingest_s"] = ingest_s
-        (collection.directory / "meta.json").write_bytes(orjson.dumps(collection.meta))
+        collection.meta["ingest_timings"] = timings
+        retriever._save_meta(collection)
     queries = list(data.queries.items())[: max_queries or None]
     collection.embedder.encode(["warm-up"])
     report: dict = {
         "name": data.name,
         "corpus_docs": len(data.corpus),
-        "chunks": len(collection.bm25),
+        "chunks": collection.engine.count("chunk"),
+        "split": data.split,
+        "subset": data.subset,
         "queries": len(queries),
+        "engine": retriever.engine_name,
         "ingest_s": round(ingest_s, 2),
+        "ingest_embed_s": round(timings.get("embed", 0.0), 2),
+        "ingest_index_s": round(timings.get("index", 0.0), 2),
         "ingest_docs_per_s": round(len(data.corpus) / ingest_s, 1) if ingest_s else None,
         "candidates": candidates,
+        "bm25": collection.meta.get("bm25"),
+        "fusion": retriever.config.fusion.as_dict(),
         "ndcg_at_10": {},
         "recall_at_100": {},
         "latency_ms": {},
@@ -225,7 +276,8 @@ def _run(retriever, data, methods, candidates, max_queries, index_size, snippets
             "p99": round(percentile(latencies, 99), 2),
         }
     report["disclosure"] = disclosure(
-        retriever, collection, data, queries, index_size, snippets, disclosure_mode, tick("disclosure")
+        retriever, collection, data, queries[: disclosure_queries or None], index_size, snippets,
+        disclosure_mode, tick("disclosure"),
     )
     return report
 

@@ -1,39 +1,59 @@
-"""Collections: ingest (chunk, embed, index), delete, and hybrid search, per tenant.
+"""Collections: ingest (chunk, embed, index), delete and hybrid search, per tenant, all inside Qdrant.
 
-On disk, under `<root>/<tenant>/<collection>/`: `docs.sqlite` (documents and chunk texts, the
-source of truth for what a collection holds), `bm25.npz` + `bm25.wal` (the sparse index) and
-`meta.json`. Vectors live in Qdrant, one Qdrant collection per tenant + name.
+One Qdrant collection per tenant collection holds everything (see `retrieval.engine`): per chunk the
+BM25 sparse vector, the MiniLM dense vector and the chunk's text, title and document id; per
+document a vector-less record with its title, layer-0 summary, full text (what layer-2 expansion
+reads), content hash and chunk count. Nothing else is kept on a replica's disk, so replicas that
+point at one Qdrant server (`QDRANT_URL`) share collections. The embedded default is a Qdrant Edge
+shard under `<root>/tenants/<tenant>/<collection>/shard` with a `meta.json` beside it; a second
+process opening that shard gets `ShardLocked`.
 
 A document is written whole or not at all: it is parsed, chunked and embedded before anything is
-stored; then vectors go to Qdrant, postings to BM25, and the document row commits last. A search
-only returns chunks whose document row exists, so a crash between the steps leaves nothing
-visible, and re-ingesting (ids are stable) repairs it.
+stored. Its chunks get point ids of their own version (`ver`), so writing them touches nothing
+visible; the document record, written next, is the commit: a search only shows chunks whose `ver`
+is the one their document record names. Chunks of other versions are deleted last. A crash at any
+step leaves the previous version whole and visible, and re-ingesting (ids are stable) tidies up.
 
-Search modes:
-- ``bm25``: sparse only.
-- ``dense``: Qdrant nearest neighbours only.
-- ``bm25_dense`` (default): BM25 top-`candidates`, re-scored by cosine similarity of their stored
-  vectors with the query's; when BM25 matches fewer than k chunks, dense neighbours fill the rest
-  (after the BM25 matches, so a query in other words than the documents' still finds something).
-- ``rrf``: dense top-`candidates` ∪ BM25 top-`candidates`, reciprocal-rank fusion (k=60).
+Search modes (each one Qdrant query):
+- ``bm25``: the sparse vector with Qdrant's IDF modifier, i.e. BM25.
+- ``dense``: nearest neighbours by cosine.
+- ``bm25_dense`` (default): BM25 top-`candidates` (a prefetch), then a second stage over exactly
+  those chunks that combines lexical and dense evidence (`Fusion`, tuned on SciFact train:
+  `docs/retrieval-engine.md`). When BM25 matches fewer than k chunks, dense neighbours fill the
+  rest (a second query, only then).
+- ``rrf``: dense top-`candidates` and BM25 top-`candidates`, reciprocal-rank fusion (k=60).
 """
 
 from __future__ import annotations
 
 import hashlib
 import re
-import sqlite3
+import shutil
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import orjson
 
-from retrieval.dense import DenseStore
 from retrieval.embed import Embedder, shared_embedder
-from retrieval.sparse import BM25Index
+from retrieval.engine import (
+    BM25Params,
+    ClientPool,
+    EdgeEngine,
+    Engine,
+    Fusion,
+    PointData,
+    QuerySpec,
+    ShardLocked,
+    bm25_document,
+    bm25_query,
+    chunk_point_id,
+    doc_point_id,
+    META_POINT,
+)
 from retrieval.text import chunk_text, content_hash, normalize, summarize, title_from, tokenize
 
 # fullmatch, not match: with match, `$` also accepts a trailing newline ("docs\n")
@@ -85,6 +105,14 @@ class RetrievalConfig:
     chunk_overlap: int = 40
     candidates: int = 100
     max_full_chars: int = 24_000
+    # BM25 (fixed per collection on its first write: the document vectors carry it)
+    bm25_k1: float = 1.2
+    bm25_b: float = 0.75
+    # the second stage of bm25_dense (tuned on SciFact train; see docs/retrieval-engine.md)
+    fusion: Fusion = field(default_factory=Fusion)
+    search_threads: int = 1  # per embedded shard
+    optimize_every: int = 20_000  # changed points between optimisations of an embedded shard (0: never)
+    migration_progress: Any = None  # callable(done, total) while an old-layout collection is migrated
 
 
 @dataclass
@@ -140,36 +168,55 @@ def chunk_key(doc_id: str, index: int) -> str:
     return f"{doc_id}#{index}"
 
 
+def version_of(doc_id: str, digest: str) -> str:
+    """The id of one version of one document (unique across documents, even with equal texts)."""
+    return hashlib.sha256(f"{doc_id}\x00{digest}".encode("utf-8", "surrogatepass")).hexdigest()[:16]
+
+
+LAYOUT = 2  # 1: docs.sqlite + bm25.npz + Qdrant local mode (migrated on open); 2: all in Qdrant
+DOC_FIELDS = ["doc", "ver", "hash", "title", "summary", "chunks"]
+
+
 class Collection:
-    def __init__(self, retriever: Retriever, tenant: str, name: str, directory: Path, meta: dict) -> None:
+    def __init__(
+        self, retriever: Retriever, tenant: str, name: str, directory: Path, meta: dict, engine: Engine
+    ) -> None:
         self.retriever = retriever
         self.tenant = tenant
         self.name = name
         self.directory = directory
         self.meta = meta
-        self.qdrant_name = f"pr.{tenant_dir(tenant)}.{name}"
+        self.qdrant_name = qdrant_name(tenant, name)
+        self.engine = engine
         self._write = threading.Lock()
-        self.bm25 = BM25Index(directory)
-        self._db = sqlite3.connect(directory / "docs.sqlite", check_same_thread=False, isolation_level=None)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.executescript(
-            """
-            CREATE TABLE IF NOT EXISTS docs (id TEXT PRIMARY KEY, title TEXT, summary TEXT, text TEXT,
-                hash TEXT, chunks INTEGER, metadata TEXT, updated REAL);
-            CREATE TABLE IF NOT EXISTS chunks (key TEXT PRIMARY KEY, doc TEXT, idx INTEGER, text TEXT);
-            CREATE INDEX IF NOT EXISTS chunks_doc ON chunks(doc);
-            """
-        )
-        self._db_lock = threading.Lock()
+        self._unoptimized = 0  # points written or deleted since the last optimize()
 
     @property
     def embedder(self) -> Embedder:
         return shared_embedder(self.meta["embedder"])
 
     @property
-    def dense(self) -> DenseStore:
-        return self.retriever.dense
+    def bm25_params(self) -> BM25Params | None:
+        found = self.meta.get("bm25")
+        if not found or not found.get("avg_len"):
+            return None
+        return BM25Params(found["k1"], found["b"], found["avg_len"])
+
+    def _fix_bm25(self, token_lists: list[list[str]]) -> BM25Params:
+        """BM25's average length is fixed on the first write (the vectors carry it): that batch's mean
+        when it has ≥ 20 chunks, else 60% of the chunk size (stop words dropped)."""
+        params = self.bm25_params
+        if params is not None:
+            return params
+        config = self.retriever.config
+        if len(token_lists) >= 20:
+            avg = sum(len(t) for t in token_lists) / len(token_lists)
+        else:
+            avg = 0.6 * config.chunk_words
+        params = BM25Params(config.bm25_k1, config.bm25_b, round(max(avg, 1.0), 2))
+        self.meta["bm25"] = params.as_dict()
+        self.retriever._save_meta(self)
+        return params
 
     # --------------------------------------------------------------------------- ingest
     def prepare(self, doc: DocumentInput) -> tuple[DocumentInput, str, list]:
@@ -190,229 +237,283 @@ class Collection:
         chunks = chunk_text(text, config.chunk_words, config.chunk_overlap)
         return DocumentInput(doc.id, text, title, doc.metadata), digest, chunks
 
-    def ingest(self, docs: list[DocumentInput]) -> list[IngestResult]:
-        """Idempotent upsert of already-validated documents (see `prepare`)."""
+    def ingest(self, docs: list[DocumentInput], timings: dict[str, float] | None = None) -> list[IngestResult]:
+        """Idempotent upsert of already-validated documents (see `prepare`).
+
+        `timings`, when given, accumulates seconds spent in `embed` (the dense model) and `index`
+        (tokenising, BM25 vectors and Qdrant writes)."""
         prepared = [self.prepare(d) for d in docs]
         results: list[IngestResult] = []
         with self._write:
+            records = self.engine.retrieve(
+                [doc_point_id(doc.id) for doc, _, _ in prepared], ["doc", "hash", "chunks"]
+            )
+            current = {p["doc"]: p for p in records.values()}
             todo = []
-            for doc, digest, chunks in prepared:
-                row = self._one("SELECT hash, chunks FROM docs WHERE id = ?", (doc.id,))
-                if row is not None and row[0] == digest:
-                    results.append(IngestResult(doc.id, "unchanged", row[1]))
+            seen: set[str] = set()
+            for doc, digest, chunks in reversed(prepared):  # the last copy of a repeated id wins
+                if doc.id in seen:
                     continue
-                todo.append((doc, digest, chunks, row[1] if row else 0))
+                seen.add(doc.id)
+                row = current.get(doc.id)
+                if row is not None and row.get("hash") == digest:
+                    results.append(IngestResult(doc.id, "unchanged", int(row.get("chunks", 0))))
+                    continue
+                todo.append((doc, digest, chunks))
                 results.append(IngestResult(doc.id, "updated" if row else "created", len(chunks)))
+            results.reverse()
+            todo.reverse()
             if not todo:
                 return results
-            keys, texts, owners, tokens = [], [], [], []
-            for doc, _, chunks, _ in todo:
+            texts, token_lists, owners = [], [], []
+            for doc, digest, chunks in todo:
                 for chunk in chunks:
-                    keys.append(chunk_key(doc.id, chunk.index))
-                    body = f"{doc.title}. {chunk.text}" if doc.title else chunk.text
-                    texts.append(body)
-                    owners.append(doc.id)
-                    tokens.append(tokenize(f"{doc.title} {chunk.text}" if doc.title else chunk.text))
+                    texts.append(f"{doc.title}. {chunk.text}" if doc.title else chunk.text)
+                    token_lists.append(tokenize(f"{doc.title} {chunk.text}" if doc.title else chunk.text))
+                    owners.append((doc, digest, chunk))
+            started = time.perf_counter()
             vectors = self.embedder.encode(texts)  # before any write: a failure leaves nothing behind
-            stale = [
-                chunk_key(doc.id, i) for doc, _, chunks, before in todo for i in range(len(chunks), before)
-            ]
-            self.dense.ensure(self.qdrant_name, vectors.shape[1])
-            self.dense.upsert(self.qdrant_name, keys, vectors, owners)
-            self.dense.delete(self.qdrant_name, stale)
-            self.bm25.delete(stale)
-            self.bm25.add(list(zip(keys, tokens, strict=True)))
+            embedded = time.perf_counter()
+            params = self._fix_bm25(token_lists)
+            points = []
+            for (doc, digest, chunk), tokens, vector in zip(owners, token_lists, vectors, strict=True):
+                ver = version_of(doc.id, digest)
+                points.append(
+                    PointData(
+                        chunk_point_id(doc.id, ver, chunk.index),
+                        {"kind": "chunk", "doc": doc.id, "ver": ver, "idx": chunk.index,
+                         "text": chunk.text, "title": doc.title},
+                        vector,
+                        bm25_document(tokens, params),
+                    )
+                )
+            self.engine.upsert(points)  # new version's chunks: invisible until their record commits
             now = time.time()
-            with self._db_lock:
-                self._db.execute("BEGIN")
-                try:
-                    for doc, digest, chunks, _ in todo:
-                        self._db.execute("DELETE FROM chunks WHERE doc = ?", (doc.id,))
-                        self._db.executemany(
-                            "INSERT INTO chunks VALUES (?, ?, ?, ?)",
-                            [(chunk_key(doc.id, c.index), doc.id, c.index, c.text) for c in chunks],
-                        )
-                        self._db.execute(
-                            "INSERT OR REPLACE INTO docs VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                            (
-                                doc.id,
-                                doc.title,
-                                summarize(doc.text),
-                                doc.text,
-                                digest,
-                                len(chunks),
-                                orjson.dumps(doc.metadata).decode(),
-                                now,
-                            ),
-                        )
-                    self._db.execute("COMMIT")
-                except BaseException:
-                    self._db.execute("ROLLBACK")
-                    raise
+            self.engine.upsert(
+                [
+                    PointData(
+                        doc_point_id(doc.id),
+                        {
+                            "kind": "doc", "doc": doc.id, "ver": version_of(doc.id, digest), "hash": digest,
+                            "title": doc.title, "summary": summarize(doc.text), "text": doc.text,
+                            "chunks": len(chunks), "metadata": doc.metadata, "updated": now,
+                        },
+                    )
+                    for doc, digest, chunks in todo
+                ]
+            )  # the commit
+            self.engine.delete_chunks(
+                [doc.id for doc, _, _ in todo], [version_of(doc.id, digest) for doc, digest, _ in todo]
+            )
+            self._after_write(len(points) + len(todo))
+            if timings is not None:
+                timings["embed"] = timings.get("embed", 0.0) + (embedded - started)
+                timings["index"] = timings.get("index", 0.0) + (time.perf_counter() - embedded)
         return results
+
+    def _after_write(self, changed: int) -> None:
+        """An embedded shard optimises (indexes, vacuums) only when asked: ask every
+        `optimize_every` changed points, so HNSW covers bulk ingests and IDF forgets deletes."""
+        self._unoptimized += changed
+        every = self.retriever.config.optimize_every
+        if every and self._unoptimized >= every:
+            self.engine.optimize()
+            self._unoptimized = 0
 
     def delete(self, doc_ids: list[str]) -> list[str]:
         """Delete documents (all their chunks); returns the ids that existed."""
         with self._write:
-            found: list[tuple[str, int]] = []
-            for doc_id in doc_ids:
-                row = self._one("SELECT chunks FROM docs WHERE id = ?", (doc_id,))
-                if row is not None:
-                    found.append((doc_id, row[0]))
+            records = self.engine.retrieve([doc_point_id(d) for d in doc_ids], ["doc"])
+            found = [d for d in dict.fromkeys(doc_ids) if doc_point_id(d) in records]
             if not found:
                 return []
-            with self._db_lock:  # the row goes first: from now on no search shows these chunks
-                self._db.execute("BEGIN")
-                for doc_id, _ in found:
-                    self._db.execute("DELETE FROM docs WHERE id = ?", (doc_id,))
-                    self._db.execute("DELETE FROM chunks WHERE doc = ?", (doc_id,))
-                self._db.execute("COMMIT")
-            keys = [chunk_key(d, i) for d, n in found for i in range(n)]
-            self.bm25.delete(keys)
-            self.dense.delete(self.qdrant_name, keys)
-            return [d for d, _ in found]
+            self.engine.delete_ids([doc_point_id(d) for d in found])  # from now on no search shows them
+            self.engine.delete_chunks(found)
+            self._after_write(len(found))
+            return found
+
+    def optimize(self) -> None:
+        """Build the HNSW/sparse indexes of the embedded shard now (after a bulk ingest)."""
+        with self._write:
+            self.engine.optimize()
+            self._unoptimized = 0
 
     # --------------------------------------------------------------------------- reading
-    def _one(self, sql: str, args: tuple) -> tuple | None:
-        with self._db_lock:
-            return self._db.execute(sql, args).fetchone()
-
-    def _all(self, sql: str, args: tuple | list = ()) -> list[tuple]:
-        with self._db_lock:
-            return self._db.execute(sql, args).fetchall()
-
     def stats(self) -> dict[str, Any]:
-        docs, chunks = self._one("SELECT COUNT(*), COALESCE(SUM(chunks), 0) FROM docs", ()) or (0, 0)
         return {
             "object": "collection",
             "name": self.name,
-            "documents": docs,
-            "chunks": chunks,
+            "documents": self.engine.count("doc"),
+            "chunks": self.engine.count("chunk"),
             "embedder": self.meta["embedder"],
             "created": self.meta.get("created"),
-            "vector_backend": f"qdrant-{self.dense.mode}",
+            "vector_backend": f"qdrant-{self.engine.mode}",
         }
 
     def document(self, doc_id: str) -> DocumentRecord | None:
-        row = self._one("SELECT id, title, summary, text, chunks, metadata FROM docs WHERE id = ?", (doc_id,))
+        row = self.engine.retrieve([doc_point_id(doc_id)]).get(doc_point_id(doc_id))
         if row is None:
             return None
-        return DocumentRecord(row[0], row[1], row[2], row[3], row[4], orjson.loads(row[5] or "{}"))
+        return DocumentRecord(
+            row["doc"], row.get("title", ""), row.get("summary", ""), row.get("text", ""),
+            int(row.get("chunks", 0)), row.get("metadata") or {},
+        )
 
     def documents(self, doc_ids: list[str]) -> dict[str, tuple[str, str]]:
         """id → (title, summary) for the ids that exist."""
-        if not doc_ids:
-            return {}
-        marks = ",".join("?" * len(doc_ids))
-        rows = self._all(f"SELECT id, title, summary FROM docs WHERE id IN ({marks})", list(doc_ids))
-        return {r[0]: (r[1], r[2]) for r in rows}
+        rows = self.engine.retrieve([doc_point_id(d) for d in doc_ids], ["doc", "title", "summary"])
+        return {r["doc"]: (r.get("title", ""), r.get("summary", "")) for r in rows.values()}
 
     def list_documents(self, limit: int = 100, after: str = "") -> list[dict[str, Any]]:
-        rows = self._all(
-            "SELECT id, title, summary, chunks FROM docs WHERE id > ? ORDER BY id LIMIT ?", (after, limit)
-        )
-        return [{"id": r[0], "title": r[1], "summary": r[2], "chunks": r[3]} for r in rows]
+        rows = sorted(
+            (r for r in self.engine.scroll("doc", ["doc", "title", "summary", "chunks"]) if r["doc"] > after),
+            key=lambda r: r["doc"],
+        )[:limit]
+        return [{"id": r["doc"], "title": r["title"], "summary": r["summary"], "chunks": r["chunks"]} for r in rows]
 
-    def _chunks(self, keys: list[str]) -> dict[str, tuple[str, int, str]]:
-        out: dict[str, tuple[str, int, str]] = {}
-        for start in range(0, len(keys), 500):
-            part = keys[start : start + 500]
-            marks = ",".join("?" * len(part))
-            for key, doc, idx, text in self._all(
-                f"SELECT key, doc, idx, text FROM chunks WHERE key IN ({marks})", part
-            ):
-                out[key] = (doc, idx, text)
-        return out
+    def all_documents(self) -> list[DocumentRecord]:
+        """Every document with its text (migration, export)."""
+        return [
+            DocumentRecord(r["doc"], r.get("title", ""), r.get("summary", ""), r.get("text", ""),
+                           int(r.get("chunks", 0)), r.get("metadata") or {})
+            for r in self.engine.scroll("doc", ["doc", "title", "summary", "text", "chunks", "metadata"])
+        ]
 
     def search(
         self, query: str, k: int = 10, mode: str = "bm25_dense", candidates: int | None = None
     ) -> list[Hit]:
-        ranked = self.rank(query, k, mode, candidates)
-        chunks = self._chunks([key for key, *_ in ranked])
-        titles = self.documents(sorted({chunks[key][0] for key, *_ in ranked if key in chunks}))
-        hits = []
-        for key, score, sparse, dense in ranked:
-            if key not in chunks:  # a chunk whose document is not (or no longer) committed
-                continue
-            doc, idx, text = chunks[key]
-            hits.append(Hit(key, doc, idx, text, titles.get(doc, ("", ""))[0], score, sparse, dense))
-        return hits
+        return [
+            Hit(chunk_key(p["doc"], p["idx"]), p["doc"], p["idx"], p.get("text", ""), p.get("title", ""),
+                score, sparse, dense)
+            for p, score, sparse, dense in self._ranked(query, k, mode, candidates, details=True)
+        ]
 
     def rank(
         self, query: str, k: int = 10, mode: str = "bm25_dense", candidates: int | None = None
     ) -> list[tuple[str, float, float | None, float | None]]:
-        """(chunk key, score, bm25 score, dense score), best first: no texts, for speed."""
+        """(chunk key, score, bm25 score, dense score), best first: one Qdrant query, no texts.
+
+        The per-part scores are filled as far as that one query gives them (`search` gives both)."""
+        return [
+            (chunk_key(p["doc"], p["idx"]), score, sparse, dense)
+            for p, score, sparse, dense in self._ranked(query, k, mode, candidates, details=False)
+        ]
+
+    def _ranked(self, query, k, mode, candidates, details):
         if mode not in MODES:
             raise ValueError(f"unknown search mode {mode!r}; expected one of {', '.join(MODES)}")
-        if not len(self.bm25) or k <= 0:
+        if k <= 0 or self.bm25_params is None:  # nothing was ever written
             return []
-        pool = max(k, candidates or self.retriever.config.candidates)
+        config = self.retriever.config
+        pool = max(k, candidates or config.candidates)
         tokens = tokenize(query)
-        if mode == "bm25":
-            return [(key, s, s, None) for key, s in self.bm25.search(tokens, k)]
-        vector = self.embedder.encode_query(normalize(query))
-        if mode == "dense":
-            found = self.dense.search(self.qdrant_name, vector, k)
-            sparse = self.bm25.score(tokens, [key for key, _ in found]) if tokens else {}
-            return [(key, s, sparse.get(key, 0.0), s) for key, s in found]
-        lexical = self.bm25.search(tokens, pool)
-        if mode == "bm25_dense":
-            vectors = self.dense.vectors(self.qdrant_name, [key for key, _ in lexical])
-            rescored = [(key, float(vectors[key] @ vector), s) for key, s in lexical if key in vectors]
-            rescored.sort(key=lambda item: -item[1])
-            if len(rescored) < k:  # too few lexical matches (vocabulary mismatch): dense fills up
-                seen = {key for key, *_ in rescored}
-                extra = [(key, cos, 0.0) for key, cos in self.dense.search(self.qdrant_name, vector, k)]
-                rescored += [item for item in extra if item[0] not in seen][: k - len(rescored)]
-            return [(key, cos, s, cos) for key, cos, s in rescored[:k]]
-        semantic = self.dense.search(self.qdrant_name, vector, pool)
-        fused: dict[str, float] = {}
-        for ranking in (lexical, semantic):
-            for rank, (key, _) in enumerate(ranking):
-                fused[key] = fused.get(key, 0.0) + 1.0 / (RRF_K + rank + 1)
-        sparse = dict(lexical)
-        dense = dict(semantic)
-        missing_dense = [key for key in fused if key not in dense]
-        if missing_dense:
-            for key, vec in self.dense.vectors(self.qdrant_name, missing_dense).items():
-                dense[key] = float(vec @ vector)
-        missing_sparse = [key for key in fused if key not in sparse]
-        if missing_sparse and tokens:
-            sparse.update(self.bm25.score(tokens, missing_sparse))
-        order = sorted(fused, key=lambda key: -fused[key])[:k]
-        return [(key, fused[key], sparse.get(key, 0.0), dense.get(key)) for key in order]
+        sparse = bm25_query(tokens) if tokens else None
+        vector = self.embedder.encode_query(normalize(query)) if mode != "bm25" else None
+        if mode in ("bm25", "bm25_dense", "rrf") and sparse is None and mode != "rrf":
+            found = []  # no query term: BM25 matches nothing
+        else:
+            payload = ["doc", "ver", "idx"] + (["text", "title"] if details else [])
+            run_mode = "dense" if mode == "rrf" and sparse is None else mode
+            found = self.engine.query(
+                QuerySpec(run_mode, k, pool, sparse, vector, config.fusion, payload, with_dense=details)
+            )
+        fill = mode == "bm25_dense" and len(found) < k
+        if fill:  # too few lexical matches (vocabulary mismatch): dense neighbours fill the rest
+            payload = ["doc", "ver", "idx"] + (["text", "title"] if details else [])
+            seen = {p.id for p in found}
+            extra = self.engine.query(QuerySpec("dense", k, pool, None, vector, config.fusion, payload, details))
+            lexical_ids = {p.id for p in found}
+            found = found + [p for p in extra if p.id not in seen][: k - len(found)]
+        found = self._visible(found)
+        bm25_scores: dict[str, float] = {}
+        if details and found and sparse is not None and mode != "bm25":
+            ids = [p.id for p in found]
+            bm25_scores = {
+                p.id: p.score
+                for p in self.engine.query(QuerySpec("bm25", len(ids), len(ids), sparse, None, config.fusion,
+                                                     ["doc"], ids=ids))
+            }
+        out = []
+        for p in found:
+            if mode == "bm25":
+                out.append((p.payload, p.score, p.score, None))
+                continue
+            dense = float(np.dot(np.asarray(p.dense, dtype=np.float32), vector)) if p.dense is not None else None
+            if mode == "dense":
+                dense = p.score
+            lexical = bm25_scores.get(p.id, 0.0) if details else (p.score if mode == "bm25" else None)
+            score = p.score
+            if fill and p.id not in lexical_ids:
+                score = dense if dense is not None else p.score
+            out.append((p.payload, score, lexical, dense))
+        return out
+
+    def _visible(self, found):
+        """Only chunks of the committed version of a document that exists."""
+        if not found:
+            return found
+        docs = sorted({p.payload["doc"] for p in found})
+        records = self.engine.retrieve([doc_point_id(d) for d in docs], ["doc", "ver"])
+        committed = {r["doc"]: r["ver"] for r in records.values()}
+        return [p for p in found if committed.get(p.payload["doc"]) == p.payload.get("ver")]
 
     def close(self) -> None:
-        self.bm25.checkpoint()
-        self.bm25.close()
-        with self._db_lock:
-            self._db.close()
+        self.engine.close()
+
+
+def qdrant_name(tenant: str, name: str) -> str:
+    return f"pr.{tenant_dir(tenant)}.{name}"
 
 
 class Retriever:
-    """All collections of one data dir (and one Qdrant), opened on demand, per tenant."""
+    """All collections of one data dir (embedded Qdrant Edge shards) or of one Qdrant server."""
 
     def __init__(self, config: RetrievalConfig) -> None:
         self.config = config
         config.root.mkdir(parents=True, exist_ok=True)
-        self._dense: DenseStore | None = None
+        self._pool: ClientPool | None = None
         self._open: dict[tuple[str, str], Collection] = {}
         self._lock = threading.RLock()
 
     @property
-    def dense(self) -> DenseStore:
-        """The Qdrant client, opened on first use (local mode locks its directory)."""
+    def pool(self) -> ClientPool | None:
+        """qdrant-client for QDRANT_URL (":memory:" in tests), opened on first use; None: embedded."""
+        if not self.config.qdrant_url:
+            return None
         with self._lock:
-            if self._dense is None:
-                self._dense = DenseStore(
-                    None if self.config.qdrant_url else self.config.root / "qdrant",
-                    self.config.qdrant_url,
-                    self.config.qdrant_api_key,
-                )
-            return self._dense
+            if self._pool is None:
+                self._pool = ClientPool(self.config.qdrant_url, self.config.qdrant_api_key)
+            return self._pool
+
+    @property
+    def engine_name(self) -> str:
+        return "qdrant-client" if self.config.qdrant_url else "qdrant-edge"
 
     def _dir(self, tenant: str, name: str) -> Path:
         return self.config.root / "tenants" / tenant_dir(tenant) / name
+
+    def _new_meta(self, tenant: str, name: str) -> dict:
+        return {
+            "name": name,
+            "tenant": tenant,
+            "embedder": self.config.embedder,
+            "created": int(time.time()),
+            "layout": LAYOUT,
+            "engine": self.engine_name,
+            "bm25": None,
+        }
+
+    def _save_meta(self, collection: Collection) -> None:
+        if self.pool is not None:
+            collection.engine.upsert([PointData(META_POINT, {"kind": "meta", "meta": collection.meta})])
+            return
+        path = collection.directory / "meta.json"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_bytes(orjson.dumps(collection.meta))
+        tmp.replace(path)
+
+    def _dim(self, embedder: str) -> int:
+        return shared_embedder(embedder).dim
 
     def get(self, tenant: str, name: str, create: bool = False, internal: bool = False) -> Collection:
         check_name(name, internal=internal)
@@ -421,50 +522,69 @@ class Retriever:
             if opened is not None:
                 return opened
             directory = self._dir(tenant, name)
-            meta_path = directory / "meta.json"
-            if meta_path.exists():
-                meta = orjson.loads(meta_path.read_bytes())
-            elif create:
-                directory.mkdir(parents=True, exist_ok=True)
-                meta = {
-                    "name": name,
-                    "tenant": tenant,
-                    "embedder": self.config.embedder,
-                    "created": int(time.time()),
-                }
-                tmp = meta_path.with_suffix(".tmp")
-                tmp.write_bytes(orjson.dumps(meta))
-                tmp.replace(meta_path)
+            pool = self.pool
+            if pool is not None:
+                qname = qdrant_name(tenant, name)
+                if not pool.exists(qname) and not create:
+                    raise CollectionNotFound(name)
+                meta = self._new_meta(tenant, name)
+                engine = pool.engine(qname, self._dim(meta["embedder"]))
+                stored = engine.retrieve([META_POINT]).get(META_POINT)
+                collection = Collection(self, tenant, name, directory, stored["meta"] if stored else meta, engine)
+                if stored is None:
+                    self._save_meta(collection)
             else:
-                raise CollectionNotFound(name)
-            collection = self._open[(tenant, name)] = Collection(self, tenant, name, directory, meta)
+                meta_path = directory / "meta.json"
+                if meta_path.exists():
+                    meta = orjson.loads(meta_path.read_bytes())
+                elif create:
+                    directory.mkdir(parents=True, exist_ok=True)
+                    meta = self._new_meta(tenant, name)
+                else:
+                    raise CollectionNotFound(name)
+                legacy = meta.get("layout", 1) < LAYOUT
+                engine = EdgeEngine(
+                    directory, self._dim(meta["embedder"]), search_threads=self.config.search_threads
+                )
+                collection = Collection(self, tenant, name, directory, meta, engine)
+                if legacy:
+                    from retrieval.migrate import migrate_collection
+
+                    migrate_collection(collection, self.config.migration_progress)
+                elif not meta_path.exists():
+                    self._save_meta(collection)  # the collection exists from here on
+            self._open[(tenant, name)] = collection
             return collection
 
     def exists(self, tenant: str, name: str) -> bool:
+        if self.pool is not None:
+            return (tenant, name) in self._open or self.pool.exists(qdrant_name(tenant, name))
         return (self._dir(tenant, name) / "meta.json").exists()
 
     def names(self, tenant: str, sessions: bool = False) -> list[str]:
-        base = self.config.root / "tenants" / tenant_dir(tenant)
-        if not base.is_dir():
-            return []
-        return sorted(
-            p.name
-            for p in base.iterdir()
-            if (p / "meta.json").exists() and (sessions or not p.name.startswith(SESSION_PREFIX))
-        )
+        if self.pool is not None:
+            prefix = f"pr.{tenant_dir(tenant)}."
+            found = [n[len(prefix) :] for n in self.pool.names(prefix)]
+        else:
+            base = self.config.root / "tenants" / tenant_dir(tenant)
+            found = [p.name for p in base.iterdir() if (p / "meta.json").exists()] if base.is_dir() else []
+        return sorted(n for n in found if sessions or not n.startswith(SESSION_PREFIX))
 
     def drop(self, tenant: str, name: str, internal: bool = False) -> bool:
-        import shutil
-
         check_name(name, internal=internal)
         with self._lock:
             collection = self._open.pop((tenant, name), None)
+            if self.pool is not None:
+                qname = qdrant_name(tenant, name)
+                if collection is None and not self.pool.exists(qname):
+                    return False
+                (collection.engine if collection else self.pool.engine(qname, 1)).drop()
+                return True
             directory = self._dir(tenant, name)
             if collection is None and not (directory / "meta.json").exists():
                 return False
             if collection is not None:
                 collection.close()
-            self.dense.drop(f"pr.{tenant_dir(tenant)}.{name}")
             (directory / "meta.json").unlink(missing_ok=True)  # gone for readers before the files go
             shutil.rmtree(directory, ignore_errors=True)
             return True
@@ -474,6 +594,9 @@ class Retriever:
             for collection in self._open.values():
                 collection.close()
             self._open.clear()
-            if self._dense is not None:
-                self._dense.close()
-                self._dense = None
+            if self._pool is not None:
+                self._pool.close()
+                self._pool = None
+
+
+__all__ = ["ShardLocked"]

@@ -1,4 +1,6 @@
-"""Retrieval: tokenizer, incremental BM25 (checked against bm25s), collections over Qdrant local mode,
+"""Retrieval: tokenizer, BM25 inside Qdrant (checked against bm25s), collections on both engines (an
+embedded Qdrant Edge shard; qdrant-client's in-memory mode for the QDRANT_URL path), their identical
+ranking, the shard lock, migration of the first layout,
 the /v1/collections API (JSON and files, bad files, tenant isolation), `polyroute ingest` and
 `polyroute retrieval eval`.
 
@@ -17,7 +19,6 @@ import numpy as np
 import pytest
 
 from retrieval import DocumentInput, RetrievalConfig, Retriever, extract
-from retrieval.sparse import BM25Index
 from retrieval.text import ExtractionError, chunk_text, summarize, tokenize
 from tests.conftest import Gateway, catalog_yaml_for, start_gateway
 
@@ -61,60 +62,45 @@ def test_summary_is_one_clipped_sentence():
 
 
 # ------------------------------------------------------------------------------ BM25
-def test_bm25_scores_match_bm25s():
+@pytest.mark.parametrize("engine", ["edge", "memory"])
+def test_bm25_in_qdrant_matches_bm25s(tmp_path, engine):
+    """Client-side BM25 document vectors × Qdrant's IDF modifier = Lucene BM25 (bm25s), times (k1+1)."""
     import bm25s
 
+    from retrieval.engine import BM25Params
+
     docs = [tokenize(text) for _, text in CORPUS]
-    index = BM25Index()
-    index.add([(str(i), toks) for i, toks in enumerate(docs)])
-    reference = bm25s.BM25(k1=1.5, b=0.75, method="lucene")
-    reference.index(docs, show_progress=False)
-    for query in ("routers exchange packets", "hunt at night", "tea leaves oxidised"):
-        tokens = tokenize(query)
-        ours = index.score(tokens, [str(i) for i in range(len(docs))])
-        theirs = reference.get_scores(tokens)
-        np.testing.assert_allclose([ours[str(i)] for i in range(len(docs))], theirs, rtol=1e-5, atol=1e-6)
-
-
-def assert_same(ours, expected):
-    assert [k for k, _ in ours] == [k for k, _ in expected]
-    assert [s for _, s in ours] == pytest.approx([s for _, s in expected], rel=1e-5)
-
-
-def test_bm25_incremental_equals_rebuild_and_survives_reopen(tmp_path):
-    docs = {f"d{i}": tokenize(text) for i, (_, text) in enumerate(CORPUS)}
-    index = BM25Index(tmp_path / "idx")
-    index.add([(k, v) for k, v in list(docs.items())[:3]])
-    index.add([(k, v) for k, v in list(docs.items())[3:]])
-    index.delete(["d1"])
-    index.add([("d2", tokenize("routers and switches"))])  # replace
-    fresh = BM25Index()
-    expected = {**{k: v for k, v in docs.items() if k != "d1"}, "d2": tokenize("routers and switches")}
-    fresh.add(list(expected.items()))
-    query = tokenize("routers hunt tea")
-    assert_same(index.search(query, 10), fresh.search(query, 10))
-    index.close()
-
-    reopened = BM25Index(tmp_path / "idx")  # WAL replay
-    assert_same(reopened.search(query, 10), fresh.search(query, 10))
-    reopened.checkpoint()  # snapshot, dead postings dropped
-    reopened.close()
-    with open(tmp_path / "idx" / "bm25.wal", "ab") as fh:
-        fh.write(b'{"op":"add","items":[["torn"')  # a write cut short
-    again = BM25Index(tmp_path / "idx")
-    assert "torn" not in again
-    assert_same(again.search(query, 10), fresh.search(query, 10))
-    assert len(again) == len(expected)
+    avg = sum(len(d) for d in docs) / len(docs)
+    r = make_retriever(tmp_path, engine)
+    try:
+        collection = r.get("acme", "bm25", create=True)
+        collection.meta["bm25"] = BM25Params(1.2, 0.75, avg).as_dict()  # the corpus' true mean length
+        collection.ingest([DocumentInput(str(i), text, title="") for i, (_, text) in enumerate(CORPUS)])
+        reference = bm25s.BM25(k1=1.2, b=0.75, method="lucene")
+        reference.index(docs, show_progress=False)
+        for query in ("routers exchange packets", "hunt at night", "tea leaves oxidised"):
+            expected = reference.get_scores(tokenize(query)) * (1.2 + 1)
+            ours = {int(k.split("#")[0]): s for k, s, *_ in collection.rank(query, 10, "bm25")}
+            np.testing.assert_allclose(
+                [ours.get(i, 0.0) for i in range(len(docs))], expected, rtol=1e-4, atol=1e-5
+            )
+    finally:
+        r.close()
 
 
 # ------------------------------------------------------------------------------ collections
-@pytest.fixture
-def retriever(tmp_path):
-    r = Retriever(
-        RetrievalConfig(
-            root=tmp_path / "retrieval", embedder="minilm-static", chunk_words=40, chunk_overlap=8
-        )
+def make_retriever(tmp_path, engine="edge", **kwargs) -> Retriever:
+    """`edge`: the embedded Qdrant Edge shard; `memory`: qdrant-client's in-process mode, standing in
+    for a Qdrant server (none can run here) — the code path of QDRANT_URL."""
+    options = {"embedder": "minilm-static", "chunk_words": 40, "chunk_overlap": 8, **kwargs}
+    return Retriever(
+        RetrievalConfig(root=tmp_path / "retrieval", qdrant_url=":memory:" if engine == "memory" else None, **options)
     )
+
+
+@pytest.fixture(params=["edge", "memory"])
+def retriever(tmp_path, request):
+    r = make_retriever(tmp_path, request.param)
     yield r
     r.close()
 
@@ -136,13 +122,19 @@ def test_collection_round_trip_idempotent_and_unicode(retriever):
     assert collection.ingest([DocumentInput("long", long_text)])[0].chunks > 3
     assert collection.ingest([DocumentInput("long", "short now: gardening tomatoes")])[0].status == "updated"
     assert collection.stats()["chunks"] == len(CORPUS) + 1  # stale chunks of the old version are gone
-    assert collection.dense.count(collection.qdrant_name) == len(CORPUS) + 1
+    assert collection.engine.count("chunk") == len(CORPUS) + 1
+    assert collection.document("long").text == "short now: gardening tomatoes"
 
     assert collection.delete(["fox", "nope"]) == ["fox"]
     assert all(h.document_id != "fox" for h in collection.search("quick brown fox", 5, "rrf"))
+    assert collection.ingest([DocumentInput("fox", CORPUS[0][1])])[0].status == "created"  # re-ingest
+    assert collection.search("quick brown fox", 1, "bm25")[0].document_id == "fox"
+    assert collection.delete(["fox"]) == ["fox"]
+    if retriever.config.qdrant_url:  # in-memory mode: the data lives as long as the client
+        return
     retriever.close()
 
-    reopened = Retriever(retriever.config)  # persisted: BM25 snapshot/WAL, sqlite, Qdrant local
+    reopened = Retriever(retriever.config)  # persisted: the Edge shard (WAL + segments) and meta.json
     again = reopened.get("acme", "notes")
     assert again.stats()["documents"] == len(CORPUS)
     assert again.search("green tea leaves", 1, "bm25_dense")[0].document_id == "tea"
@@ -160,6 +152,167 @@ def test_tenants_do_not_share_collections(retriever):
     )
     assert retriever.names("acme") == ["docs"] and retriever.names("other") == []
     assert retriever.get("acme", "docs").qdrant_name != retriever.get("globex", "docs").qdrant_name
+
+
+PARITY_CORPUS = CORPUS + [
+    ("ospf", "OSPF routers flood link-state advertisements and compute shortest paths with Dijkstra."),
+    ("coffee", "Coffee beans are roasted; espresso is brewed under pressure, filter coffee by gravity."),
+    ("dogs", "Dogs bark at strangers, fetch sticks and sleep near the door at night."),
+    (  # several chunks, none alike (equal BM25 scores could come in either order, and RRF with them)
+        "long",
+        " ".join(
+            f"Note {i}: " + "routing policy " * (i % 3 + 1) + "tea gardens " * (i % 4 + 1) + "sleepy cats " * (i % 7 + 1)
+            for i in range(20)
+        ),
+    ),
+]
+PARITY_QUERIES = [
+    "which routers exchange reachability",
+    "tea brewing leaves",
+    "cats sleeping at night",
+    "coffee espresso pressure",
+    "shortest path link state",
+    "zzzunknown",
+]
+
+
+def test_both_engines_rank_identically(tmp_path):
+    """The embedded shard and the qdrant-client path get the same points and queries: same ranking."""
+    edge, memory = make_retriever(tmp_path / "e"), make_retriever(tmp_path / "m", "memory")
+    try:
+        collections = [r.get("acme", "kb", create=True) for r in (edge, memory)]
+        for c in collections:
+            c.ingest([DocumentInput(k, t) for k, t in PARITY_CORPUS])
+            c.delete(["dogs"])
+            c.ingest([DocumentInput("coffee", "Coffee: espresso under pressure, cold brew over hours.")])
+            c.optimize()  # the shard vacuums deleted points, which BM25's IDF counts until then
+        assert collections[0].meta["bm25"] == collections[1].meta["bm25"]
+        for query in PARITY_QUERIES:
+            for mode in ("bm25", "dense", "bm25_dense", "rrf"):
+                # RRF's fused scores tie (rank 2 + rank 5 = rank 5 + rank 2): ties in key order
+                a, b = (
+                    sorted(c.search(query, 40, mode), key=lambda h: (-round(h.score, 5), h.key)) for c in collections
+                )
+                assert [h.key for h in a] == [h.key for h in b], (query, mode)
+                assert [h.score for h in a] == pytest.approx([h.score for h in b], rel=1e-4, abs=1e-6)
+                assert [h.bm25_score for h in a] == pytest.approx([h.bm25_score for h in b], rel=1e-4, abs=1e-6)
+    finally:
+        edge.close()
+        memory.close()
+
+
+def test_a_second_process_gets_a_clear_error_not_the_shard(tmp_path):
+    import subprocess
+    import sys
+
+    from retrieval.engine import ShardLocked
+
+    r = make_retriever(tmp_path)
+    r.get("acme", "kb", create=True).ingest([DocumentInput("tea", CORPUS[4][1])])
+    code = (
+        "import sys; from pathlib import Path\n"
+        "from retrieval import Retriever, RetrievalConfig\n"
+        "from retrieval.engine import ShardLocked\n"
+        "r = Retriever(RetrievalConfig(root=Path(sys.argv[1]), embedder='minilm-static'))\n"
+        "try:\n    r.get('acme', 'kb')\nexcept ShardLocked as exc:\n    print('LOCKED', exc)\n"
+        "else:\n    print('OPENED')\n"
+    )
+    root = Path(__file__).resolve().parent.parent
+    run = subprocess.run(
+        [sys.executable, "-c", code, str(r.config.root)], capture_output=True, text=True, cwd=root, timeout=120
+    )
+    assert run.stdout.startswith("LOCKED"), run.stdout + run.stderr
+    assert "held by another process" in run.stdout and "QDRANT_URL" in run.stdout
+    assert r.get("acme", "kb").search("green tea", 1, "bm25")[0].document_id == "tea"  # untouched
+    r.close()  # released: another process may open it now
+    run = subprocess.run(
+        [sys.executable, "-c", code, str(r.config.root)], capture_output=True, text=True, cwd=root, timeout=120
+    )
+    assert run.stdout.startswith("OPENED"), run.stdout + run.stderr
+    with pytest.raises(ShardLocked):  # in one process too: one open collection per shard
+        other = make_retriever(tmp_path)
+        try:
+            r2 = make_retriever(tmp_path)
+            r2.get("acme", "kb")
+            other.get("acme", "kb")
+        finally:
+            r2.close()
+            other.close()
+
+
+def test_an_uncommitted_version_stays_invisible(retriever):
+    """Chunks written without their document record (a crash before the commit) are never shown."""
+    from retrieval.engine import PointData, bm25_document, chunk_point_id
+
+    collection = retriever.get("acme", "crash", create=True)
+    collection.ingest([DocumentInput(k, t) for k, t in CORPUS])
+    tokens = tokenize("tea tea tea oxidised leaves")
+    vector = collection.embedder.encode(["tea tea tea oxidised leaves"])[0]
+    collection.engine.upsert(
+        [
+            PointData(
+                chunk_point_id("tea", "uncommitted", 0),
+                {"kind": "chunk", "doc": "tea", "ver": "uncommitted", "idx": 0, "text": "tea tea", "title": ""},
+                vector,
+                bm25_document(tokens, collection.bm25_params),
+            )
+        ]
+    )
+    for mode in ("bm25", "dense", "bm25_dense", "rrf"):
+        hits = collection.search("tea oxidised leaves", 5, mode)
+        assert [h.text for h in hits if h.document_id == "tea"] == [CORPUS[4][1]], mode
+    assert collection.ingest([DocumentInput("tea", "Tea, re-ingested after the crash.")])[0].status == "updated"
+    assert collection.engine.count("chunk") == len(CORPUS)  # the orphan went with the old version
+
+
+def _first_layout(directory: Path, docs: list[tuple[str, str, str]]) -> None:
+    """A collection as the first layout left it: meta.json without a layout, docs.sqlite, BM25 files."""
+    import sqlite3
+
+    directory.mkdir(parents=True)
+    (directory / "meta.json").write_text(
+        json.dumps({"name": directory.name, "tenant": "acme", "embedder": "minilm-static", "created": 1})
+    )
+    db = sqlite3.connect(directory / "docs.sqlite")
+    db.executescript(
+        "CREATE TABLE docs (id TEXT PRIMARY KEY, title TEXT, summary TEXT, text TEXT, hash TEXT, chunks INTEGER,"
+        " metadata TEXT, updated REAL);"
+        "CREATE TABLE chunks (key TEXT PRIMARY KEY, doc TEXT, idx INTEGER, text TEXT);"
+    )
+    for doc_id, title, text in docs:
+        db.execute(
+            "INSERT INTO docs VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (doc_id, title, summarize(text), text, "old", 1, json.dumps({"source": doc_id}), 1.0),
+        )
+    db.commit()
+    db.close()
+    (directory / "bm25.npz").write_bytes(b"old snapshot")
+
+
+def test_first_layout_is_migrated_on_open_and_nothing_is_lost(tmp_path):
+    docs = [(k, k.title(), t) for k, t in CORPUS]
+    directory = tmp_path / "retrieval" / "tenants" / "acme" / "old"
+    _first_layout(directory, docs)
+    seen: list[tuple[int, int]] = []
+    r = make_retriever(tmp_path, migration_progress=lambda done, total: seen.append((done, total)))
+    try:
+        assert r.names("acme") == ["old"]
+        collection = r.get("acme", "old")
+        assert seen[-1] == (len(docs), len(docs))
+        assert collection.stats()["documents"] == len(docs)
+        for doc_id, title, text in docs:
+            record = collection.document(doc_id)
+            assert (record.title, record.text, record.metadata) == (title, text, {"source": doc_id})
+        assert collection.search("green tea leaves", 1, "bm25_dense")[0].document_id == "tea"
+        assert (directory / "legacy-v1" / "docs.sqlite").exists() and not (directory / "docs.sqlite").exists()
+        assert json.loads((directory / "meta.json").read_text())["layout"] == 2
+    finally:
+        r.close()
+    again = make_retriever(tmp_path, migration_progress=lambda done, total: seen.append((-1, -1)))
+    try:
+        assert again.get("acme", "old").stats()["documents"] == len(docs) and (-1, -1) not in seen
+    finally:
+        again.close()
 
 
 # ------------------------------------------------------------------------------ files
@@ -437,6 +590,38 @@ def test_cli_eval_on_beir_fixture(tmp_path):
     assert report["ndcg_at_10"]["bm25"] > 0.3 and report["recall_at_100"]["rrf"] == 1.0
     first = report["disclosure"][0]
     assert first["index_size"] == 10 and 0 < first["gold_in_index"] <= first["gold_reachable"] <= 1
+
+
+def test_cli_eval_split_defaults_and_choices(tmp_path):
+    """--split: test when qrels/test.tsv exists, else train; a missing split or bad value is refused."""
+    import shutil
+
+    from typer.testing import CliRunner
+
+    from polyroute.cli import app
+
+    data = tmp_path / "beir"
+    shutil.copytree(FIXTURES / "beir_tiny", data)
+    (data / "qrels" / "test.tsv").rename(data / "qrels" / "train.tsv")
+    base = ["retrieval", "eval", "--dataset", str(data), "--embedder", "minilm-static", "--cache-dir", str(tmp_path / "c")]
+    out = tmp_path / "train.json"
+    result = CliRunner().invoke(app, base + ["--out", str(out)])
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())
+    assert report["split"] == "train" and report["queries"] == 6 and report["subset"] == "all"
+    assert report["ingest_embed_s"] >= 0 and report["ingest_index_s"] >= 0 and report["engine"] == "qdrant-edge"
+
+    result = CliRunner().invoke(app, base + ["--split", "test", "--out", str(tmp_path / "x.json")])
+    assert result.exit_code == 2 and "qrels/test.tsv" in result.output
+    result = CliRunner().invoke(app, base + ["--split", "dev", "--out", str(tmp_path / "x.json")])
+    assert result.exit_code == 2 and "train or test" in result.output
+
+    halves = []
+    for subset in ("tune", "validation"):
+        result = CliRunner().invoke(app, base + ["--split", "train", "--subset", subset, "--out", str(out)])
+        assert result.exit_code == 0, result.output
+        halves.append(json.loads(out.read_text())["queries"])
+    assert sum(halves) == 6 and all(halves)
 
 
 @pytest.mark.slow
