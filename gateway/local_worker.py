@@ -22,6 +22,7 @@ from pathlib import Path
 
 import httpx
 
+from gateway.llama_server import OPTION as POLYROUTE_TEMPLATE_OPTION
 from policies import LocalServer, Worker
 
 log = logging.getLogger("polyroute.local")
@@ -77,6 +78,24 @@ def resolve_gguf(spec: str, models_dir: Path, progress: ProgressFn | None = None
         progress(total, total)
     stamp.write_text(module.EXPECTED_SHA256)
     return Path(result["path"])  # type: ignore[arg-type]
+
+
+def prompt_format(spec: LocalServer) -> str:
+    """How prompts are built, for the startup log."""
+    if spec.template is not None:
+        return f"chat template {spec.chat_template!r} ({spec.template.source})"
+    if spec.chat_format:
+        return f"chat format {spec.chat_format!r}"
+    return "the GGUF's own chat template"
+
+
+def base_model_line(spec: LocalServer, gguf: Path) -> str:
+    """The one startup line that says a local model is a base model, and what to do about it."""
+    return f"{gguf.name} is a base model, not instruction-tuned: " + (
+        spec.note
+        or "expect text completions, not chat answers. For a chat model set local.gguf to an instruct "
+        "GGUF (docs/local-worker.md)."
+    )
 
 
 def free_port() -> int:
@@ -156,7 +175,8 @@ class LocalWorkerProcess:
         cmd = [
             sys.executable,
             "-m",
-            "llama_cpp.server",
+            # our launcher registers the catalog's chat_template (with its stop sequences) first
+            "gateway.llama_server" if self.spec.chat_template else "llama_cpp.server",
             "--model",
             str(gguf),
             "--model_alias",
@@ -168,13 +188,21 @@ class LocalWorkerProcess:
             "--n_ctx",
             str(self.spec.n_ctx),
         ]
-        if self.spec.chat_format:
+        if self.spec.chat_template:
+            cmd += [POLYROUTE_TEMPLATE_OPTION, self.spec.template.source if self.spec.template else ""]
+        elif self.spec.chat_format:
             cmd += ["--chat_format", self.spec.chat_format]
         if self.spec.n_threads:
             cmd += ["--n_threads", str(self.spec.n_threads)]
         log.info(
-            "local worker %s: starting llama.cpp on port %d (log: %s)", self.worker.name, self.port, log_path
+            "local worker %s: starting llama.cpp on port %d, %s (log: %s)",
+            self.worker.name,
+            self.port,
+            prompt_format(self.spec),
+            log_path,
         )
+        if not self.spec.instruct:
+            log.warning("local worker %s: %s", self.worker.name, base_model_line(self.spec, gguf))
         with open(log_path, "ab") as log_file:
             self._proc = subprocess.Popen(
                 cmd,

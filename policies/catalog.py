@@ -14,8 +14,9 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
+from policies.chat_template import ChatTemplate, ChatTemplateError, load_chat_template
 from policies.yamlfile import parse_yaml_model
 
 DEFAULT_CATALOG_PATH = Path(__file__).parent / "defaults" / "workers.yaml"
@@ -55,10 +56,52 @@ class LocalServer(BaseModel):
     chat_format: str | None = Field(
         None, description="llama.cpp chat format (e.g. 'gemma') when the GGUF carries no chat template"
     )
+    chat_template: str | None = Field(
+        None,
+        description="A prompt template instead of chat_format: a built-in name (policies/defaults/"
+        "chat-template.<name>.yaml, e.g. 'base-qa') or a path to a YAML/JSON file with a Jinja `chat_template`, "
+        "optional `stop` sequences and `system_role` (a tokenizer_config.json works). Checked on load",
+    )
+    instruct: bool = Field(
+        True,
+        description="False for a base (pretrained-only) model: /v1/models and the startup log say so, "
+        "with `note`",
+    )
+    note: str | None = Field(
+        None, max_length=1000, description="Shown on the worker's /v1/models card and logged when it starts"
+    )
     n_ctx: int = Field(2048, ge=256)
     n_threads: int | None = Field(None, ge=1)
     port: int = Field(0, ge=0, le=65535, description="0 picks a free loopback port")
     startup_timeout_s: float = Field(120.0, gt=0)
+
+    _template: ChatTemplate | None = PrivateAttr(None)
+
+    @model_validator(mode="after")
+    def _load_template(self) -> LocalServer:
+        if self.chat_template is None:
+            return self
+        if self.chat_format is not None:
+            raise ValueError(
+                f"set chat_format ({self.chat_format!r}) or chat_template ({self.chat_template!r}), not both"
+            )
+        try:
+            self._template = load_chat_template(self.chat_template)
+        except ChatTemplateError as exc:
+            raise ValueError(f"chat_template: {exc}") from exc
+        return self
+
+    @property
+    def template(self) -> ChatTemplate | None:
+        """The loaded `chat_template` (validated with the catalog), or None."""
+        return self._template
+
+    @property
+    def drops_system(self) -> bool:
+        """True when the prompt format has no place for system messages."""
+        if self._template is not None:
+            return self._template.system_role is False
+        return self.chat_format in SYSTEMLESS_CHAT_FORMATS
 
 
 class Worker(BaseModel):
@@ -99,7 +142,8 @@ class Worker(BaseModel):
     system_role: bool | None = Field(
         None,
         description="Whether the model's chat template takes system messages. None: yes, unless this is "
-        "a local worker whose llama.cpp chat_format drops them (SYSTEMLESS_CHAT_FORMATS, e.g. gemma). "
+        "a local worker whose llama.cpp chat_format drops them (SYSTEMLESS_CHAT_FORMATS, e.g. gemma) "
+        "or whose chat_template says `system_role: false`. "
         "When not, the gateway folds system and developer text (the client's, injected memory) into "
         "the next user turn",
     )
@@ -126,7 +170,7 @@ class Worker(BaseModel):
         """True when system messages must be folded into user turns before this worker sees them."""
         if self.system_role is not None:
             return not self.system_role
-        return self.local is not None and self.local.chat_format in SYSTEMLESS_CHAT_FORMATS
+        return self.local is not None and self.local.drops_system
 
     def availability(self, env: dict[str, str] | os._Environ[str] = os.environ) -> str | None:
         """None when callable; otherwise the reason it is not (shown in /v1/models)."""
