@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Any, Literal
 
 from fastapi import APIRouter, Request
@@ -53,7 +54,22 @@ def worker_card(worker: Worker, unavailable: str | None, retries: int) -> dict:
             # the request deadline, POLYROUTE_REQUEST_TIMEOUT_S).
             "timeout_s": worker.timeout_s,
             "retries": retries,
+            **({"local": local_card(worker)} if worker.local else {}),
         },
+    }
+
+
+def local_card(worker: Worker) -> dict:
+    """What a client should know about a model the gateway runs itself: whether it follows
+    instructions at all (a base model does not), the catalog's note, and how prompts are built."""
+    spec = worker.local
+    assert spec is not None
+    return {
+        "instruct": spec.instruct,
+        "note": spec.note,
+        "chat_format": spec.chat_format,
+        # a built-in template's name, or a file's name without the operator's directory
+        "chat_template": Path(spec.chat_template).stem if spec.chat_template else None,
     }
 
 
