@@ -274,6 +274,58 @@ def test_invalid_policies_are_refused_with_the_reason(text, fragment):
     assert "policy.yaml" in str(info.value) and fragment in str(info.value)
 
 
+EVERY_KIND_OF_MISTAKE = """
+version: 1
+data_classes: [public, internal, pii, secret]
+default_data_class: publik
+detection: {kinds: {email: pii, phone: piii}}
+tenants:
+  default: {budget: {daily_usd: -3}}
+  ok: {data_class: internl}
+rules:
+  - {id: a, when: {data_classes: [pii]}, allow_jurisdictions: [Mars]}
+  - {id: b, when: {data_classes: [pii]}}
+  - {id: c, max_active_params_b: lots}
+  - {id: a, deny_jurisdictions: [CN]}
+  - {id: d, when: {data_classes: [secrett]}, deny_jurisdictions: [CN]}
+"""
+
+
+def test_every_problem_is_reported_at_once():
+    """Field errors stop pydantic before the cross-reference checks; the operator still sees all of them."""
+    with pytest.raises(PolicyError) as info:
+        parse_policy(EVERY_KIND_OF_MISTAKE, "policy.yaml")
+    message = str(info.value)
+    for fragment in (
+        "tenants.default.budget.daily_usd: Input should be greater than or equal to 0",
+        "rules.1: Value error, rule 'b' sets no constraint",
+        "rules.2.max_active_params_b: Input should be a valid number",
+        "default_data_class 'publik' is not in data_classes",
+        "detection.kinds.phone: unknown data class 'piii'",
+        "tenants.ok.data_class: unknown data class 'internl'",
+        "duplicate rule id 'a'",
+        "rule a: allow_jurisdictions: unknown jurisdiction 'Mars'",
+        "rule d: unknown data class 'secrett'",
+    ):
+        assert fragment in message
+    # rule c is reported for its bad number only: setting it aside must not invent a second problem
+    assert "rule 'c' sets no constraint" not in message
+    assert message.count("rules.4") == 0  # rule d keeps its own index in the report, and its own name
+
+
+def test_a_catalog_reports_every_bad_worker_at_once():
+    from policies import CatalogError, parse_catalog
+
+    text = """
+workers:
+  - {name: one, model: openai/x, tier: frontier, jurisdiction: US, price_in_per_m: -1, price_out_per_m: 1}
+  - {name: two, model: openai/y, tier: galactic, jurisdiction: US, price_in_per_m: 1, price_out_per_m: 1}
+"""
+    with pytest.raises(CatalogError) as info:
+        parse_catalog(text, "workers.yaml")
+    assert "workers.0.price_in_per_m" in str(info.value) and "workers.1.tier" in str(info.value)
+
+
 def test_jurisdictions_accept_countries_groups_and_local_in_any_case():
     engine = PolicyEngine(
         *parse_policy(
