@@ -26,6 +26,10 @@ from polyroute.paths import results_dir
 # machine busy with anything else that made fits 20-100x slower. Read when the runtime loads (lazily,
 # after this line), so an explicit setting in the environment still wins.
 os.environ.setdefault("OMP_WAIT_POLICY", "passive")
+# No outbound call an air-gapped operator did not ask for: litellm's bundled price map instead of a
+# fetch of its remote one (three failed tries, ~6 s, when run outside make), and no model hub.
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 app = typer.Typer(
     help="polyroute: a cost-aware multi-model routing gateway.", no_args_is_help=True, rich_markup_mode=None

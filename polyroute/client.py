@@ -18,6 +18,15 @@ import httpx
 DEFAULT_BASE_URL = "http://127.0.0.1:8400"
 
 
+def default_base_url() -> str:
+    """POLYROUTE_BASE_URL, else the local gateway on POLYROUTE_PORT (the port `polyroute serve` reads)."""
+    explicit = os.environ.get("POLYROUTE_BASE_URL")
+    if explicit:
+        return explicit.rstrip("/")
+    port = os.environ.get("POLYROUTE_PORT")
+    return f"http://127.0.0.1:{port}" if port else DEFAULT_BASE_URL
+
+
 class PolyrouteError(Exception):
     """An error answer from the gateway, in the OpenAI error format."""
 
@@ -174,7 +183,7 @@ class Client:
         timeout: float = 120.0,
         admin_key: str | None = None,
     ) -> None:
-        self.base_url = (base_url or os.environ.get("POLYROUTE_BASE_URL") or DEFAULT_BASE_URL).rstrip("/")
+        self.base_url = (base_url or default_base_url()).rstrip("/")
         self.api_key = api_key or os.environ.get("POLYROUTE_API_KEY")
         self.admin_key = admin_key or os.environ.get("POLYROUTE_ADMIN_KEY")
         self._http = httpx.Client(base_url=self.base_url, timeout=timeout)
@@ -272,7 +281,7 @@ class AsyncClient:
     def __init__(
         self, base_url: str | None = None, api_key: str | None = None, timeout: float = 120.0
     ) -> None:
-        self.base_url = (base_url or os.environ.get("POLYROUTE_BASE_URL") or DEFAULT_BASE_URL).rstrip("/")
+        self.base_url = (base_url or default_base_url()).rstrip("/")
         self.api_key = api_key or os.environ.get("POLYROUTE_API_KEY")
         self._http = httpx.AsyncClient(base_url=self.base_url, timeout=timeout)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -111,3 +112,60 @@ def test_help_keeps_the_env_and_default_hints():
     assert serve.returncode == 0 and "[env POLYROUTE_PORT, default 8400]" in serve.stdout
     train = run_cli("router", "train", "--help", env=env)
     assert "[default: <data dir>/router]" in train.stdout
+
+
+def test_the_cli_makes_litellm_use_its_bundled_price_map(tmp_path):
+    """Run outside make, importing litellm must not reach out for the remote price map (issue 15, item 8).
+
+    Every outbound HTTP(S) request is sent to a loopback proxy that counts connections: the bare
+    import does connect (so the check can fail), the import after the CLI's module does not.
+    """
+    import socket
+    import threading
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)
+    connections = []
+
+    def accept() -> None:
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            connections.append(conn)
+            conn.close()
+
+    threading.Thread(target=accept, daemon=True).start()
+    proxy = f"http://127.0.0.1:{server.getsockname()[1]}"
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("LITELLM_LOCAL_MODEL_COST_MAP", "HF_HUB_OFFLINE")
+    }
+    env.update({"HTTPS_PROXY": proxy, "HTTP_PROXY": proxy, "https_proxy": proxy, "http_proxy": proxy})
+    env.pop("NO_PROXY", None), env.pop("no_proxy", None)
+
+    def imports(code: str) -> int:
+        before = len(connections)
+        subprocess.run([sys.executable, "-c", code], env=env, timeout=120, capture_output=True, cwd=tmp_path)
+        return len(connections) - before
+
+    try:
+        assert imports("import litellm") > 0
+        assert imports("import polyroute.cli, litellm") == 0
+    finally:
+        server.close()
+
+
+def test_the_sdk_and_ingest_find_the_gateway_on_polyroute_port(monkeypatch):
+    """`POLYROUTE_PORT=9000 make serve` and then the SDK or `polyroute ingest` with no URL: same gateway."""
+    from polyroute import Client
+    from polyroute.client import default_base_url
+
+    monkeypatch.delenv("POLYROUTE_BASE_URL", raising=False)
+    monkeypatch.delenv("POLYROUTE_PORT", raising=False)
+    assert default_base_url() == "http://127.0.0.1:8400"
+    monkeypatch.setenv("POLYROUTE_PORT", "9000")
+    assert Client(api_key="k").base_url == "http://127.0.0.1:9000"
+    monkeypatch.setenv("POLYROUTE_BASE_URL", "http://gateway.internal:80/")
+    assert Client(api_key="k").base_url == "http://gateway.internal:80"  # an explicit URL wins
