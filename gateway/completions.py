@@ -251,6 +251,15 @@ def final_error(failures: list[WorkerError]) -> APIError:
             code=last.code,
             headers={"retry-after": "1"} if last.status == 503 else {},
         )
+    called = [f for f in failures if not isinstance(f, BudgetRefusal)]
+    if called and all(f.context_exceeded for f in called):  # the client must shorten the prompt
+        return APIError(
+            400,
+            "The prompt and max_tokens do not fit the context window of any admissible worker "
+            f"(workers with no larger window were not tried). {summary}",
+            code="context_length_exceeded",
+            param="messages",
+        )
     if not last.fallback:  # the request itself was refused upstream: the client must change it
         return APIError(last.status if 400 <= last.status < 500 else 400, summary, code="upstream_rejected")
     if all(f.status == 429 for f in failures):
@@ -639,7 +648,10 @@ async def first_success(
     caller whose deadline cuts this short still knows what was tried.
     """
     failures = [] if failures is None else failures
+    too_long_for = 0  # the largest context window a worker found this prompt too long for
     for worker in ex.decision.workers:
+        if too_long_for and worker.context_window <= too_long_for:
+            continue  # the same prompt would overflow a window no larger
         try:
             await ex.hold(state, worker)
         except BudgetRefusal as err:
@@ -652,6 +664,8 @@ async def first_success(
         except WorkerError as err:
             await ex.release(state)
             failures.append(err)
+            if err.context_exceeded:
+                too_long_for = max(too_long_for, worker.context_window)
             if not err.fallback:
                 break
         except BaseException:  # cancelled (client gone, deadline) or a bug: no hold outlives the request

@@ -47,12 +47,17 @@ MAX_CACHED_ROUTES = 4096
 class WorkerError(Exception):
     """A worker's final failure after retries."""
 
-    def __init__(self, worker: str, status: int, message: str, fallback: bool) -> None:
+    def __init__(
+        self, worker: str, status: int, message: str, fallback: bool, context_exceeded: bool = False
+    ) -> None:
         super().__init__(f"{worker}: {message}")
         self.worker = worker
         self.status = status
         self.message = message
         self.fallback = fallback
+        # The prompt did not fit the worker's context window: a worker with a larger window may still
+        # answer, one with the same or a smaller window would fail the same way.
+        self.context_exceeded = context_exceeded
 
 
 def _status_of(exc: BaseException) -> int:
@@ -73,8 +78,9 @@ def to_worker_error(worker: Worker, exc: BaseException) -> WorkerError:
     message = str(getattr(exc, "message", None) or exc).strip() or type(exc).__name__
     if len(message) > 500:
         message = message[:500] + "…"
-    client_fault = status in CLIENT_FAULT_STATUS and not isinstance(exc, litellm.ContextWindowExceededError)
-    return WorkerError(worker.name, status, f"{status} {message}", fallback=not client_fault)
+    too_long = isinstance(exc, litellm.ContextWindowExceededError)
+    client_fault = status in CLIENT_FAULT_STATUS and not too_long
+    return WorkerError(worker.name, status, f"{status} {message}", fallback=not client_fault, context_exceeded=too_long)
 
 
 @dataclass(slots=True)

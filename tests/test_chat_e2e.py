@@ -289,3 +289,50 @@ def test_one_access_line_per_request_names_the_worker(gateway, upstream, caplog)
     assert "tenant=acme" in line and "worker=pricey" in line and "status=200" in line
     assert "latency_ms=" in line and "cost_usd=0.0" in line
     assert any("refused status=404 code=model_not_found" in m for m in lines)
+
+
+def test_a_prompt_over_every_window_is_400_context_length_exceeded(gateway, upstream):
+    """Issue 15: it was a 502 after trying every worker; a worker with the same window cannot fit it either."""
+    for model in ("cheap-model", "mid-model", "pricey-model"):
+        upstream.behave(model, context_window=50)  # the catalog says 8192 for all three: same window
+    long_prompt = [{"role": "user", "content": "word " * 200}]
+    response = httpx.post(
+        gateway.v1 + "/chat/completions",
+        headers=gateway.auth(),
+        json={"model": "auto", "messages": long_prompt},
+    )
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["code"] == "context_length_exceeded" and error["type"] == "invalid_request_error"
+    assert error["param"] == "messages" and "maximum context length is 50" in error["message"]
+    assert len(upstream.requests_for("cheap-model")) == 1  # not retried: a client fault
+    assert not upstream.requests_for("mid-model") and not upstream.requests_for("pricey-model")
+    with pytest.raises(openai.BadRequestError) as info:  # what the openai package makes of it
+        openai_client(gateway).chat.completions.create(model="auto", messages=long_prompt, stream=True)
+    assert info.value.code == "context_length_exceeded"
+
+
+def test_a_larger_window_is_still_tried(upstream, tmp_path):
+    from policies import parse_catalog
+    from tests.conftest import catalog_yaml_for, start_gateway
+
+    import yaml
+
+    config = yaml.safe_load(catalog_yaml_for(upstream.url))
+    for worker in config["workers"]:
+        if worker["name"] == "pricey":
+            worker["context_window"] = 131072  # cheap and mid keep 8192
+    text = yaml.safe_dump(config)
+    gw = start_gateway(parse_catalog(text), tmp_path)
+    try:
+        upstream.behave("cheap-model", context_window=50)
+        upstream.behave("mid-model", context_window=50)
+        upstream.behave("pricey-model", text="the long context fits here")
+        raw = openai_client(gw).chat.completions.with_raw_response.create(
+            model="auto", messages=[{"role": "user", "content": "word " * 200}]
+        )
+        assert raw.parse().choices[0].message.content == "the long context fits here"
+        assert raw.headers["x-polyroute-fallbacks"] == "cheap"  # mid (same 8192 window) was skipped
+        assert not upstream.requests_for("mid-model")
+    finally:
+        gw.server.stop()

@@ -41,6 +41,7 @@ class Behaviour:
     completion_tokens: int | None = None
     tool_call: dict[str, Any] | None = None  # {"name": ..., "arguments": "..."} when tools are sent
     replies: dict[str, str] | None = None  # substring of the last user message -> text (first match wins)
+    context_window: int | None = None  # prompt words + max_tokens above this: OpenAI's (and llama.cpp's) 400
     calls: int = field(default=0, repr=False)
 
 
@@ -135,6 +136,16 @@ class FakeUpstream:
                 headers["retry-after"] = str(behaviour.retry_after_s)
             error = {"message": f"fake upstream error {behaviour.status}", "type": "server_error"}
             return JSONResponse({"error": error}, behaviour.status, headers=headers)
+        requested = _prompt_word_count(body) + int(body.get("max_tokens") or 0)
+        if behaviour.context_window is not None and requested > behaviour.context_window:
+            error = {
+                "message": f"This model's maximum context length is {behaviour.context_window} tokens. "
+                f"However, you requested {requested} tokens. Please reduce the length of the messages.",
+                "type": "invalid_request_error",
+                "param": "messages",
+                "code": "context_length_exceeded",
+            }
+            return JSONResponse({"error": error}, 400)
 
         text = _last_user_text(body) if behaviour.text == ECHO else behaviour.text
         for needle, reply in (behaviour.replies or {}).items():
