@@ -888,7 +888,13 @@ async def _sse(
             if chunk.get("usage") and not chunk.get("choices"):
                 if not include_usage:
                     continue
-                chunk["polyroute"] = {"worker": worker, "cost_usd": format_cost(stream.cost_usd)}
+                chunk["polyroute"] = {
+                    "worker": worker,
+                    "cost_usd": format_cost(stream.cost_usd),
+                    # the provider streamed no usage: these counts are litellm's tokenizer (or 4
+                    # characters a token) over the prompt and the streamed text, not the worker's own
+                    "usage": "estimated" if stream.usage_estimated else "reported",
+                }
                 if ex.explain and (trace := _degraded_trace(ex, worker, stream, failures)) is not None:
                     chunk["polyroute"]["trace"] = trace
             yield b"data: " + orjson.dumps(chunk) + b"\n\n"
@@ -914,6 +920,8 @@ async def _sse(
             estimated = stream.account_cut()
             trace = {"stream": outcome, "usage": "estimated" if estimated else "reported"}
             state.metrics.errors.labels(outcome).inc()
+        elif stream.usage_estimated:
+            trace = {"usage": "estimated"}  # the ledger says the counts are not the provider's
         if (degraded := _degraded_trace(ex, worker, stream, failures)) is not None:
             trace = {**degraded, **(trace or {})}
         # The settle runs as its own task: a client that hangs up cancels this generator, not the books.

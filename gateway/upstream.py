@@ -287,6 +287,11 @@ class OpenStream:
                 log.debug("closing the stream of %s failed", self.worker.name, exc_info=True)
 
     @property
+    def usage_estimated(self) -> bool:
+        """True when the token counts were counted here because the provider reported none."""
+        return self._estimated and not self._usage_seen
+
+    @property
     def text(self) -> str:
         """What the stream has delivered so far (content and tool-call text)."""
         return "".join(self._texts)

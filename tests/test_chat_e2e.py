@@ -50,9 +50,37 @@ def test_openai_sdk_streaming_with_usage(gateway, upstream):
     usage_chunks = [c for c in chunks if c.usage]
     assert len(usage_chunks) == 1 and not usage_chunks[0].choices
     assert usage_chunks[0].usage.prompt_tokens == 10 and usage_chunks[0].usage.completion_tokens == 4
-    assert usage_chunks[0].model_extra["polyroute"] == {"worker": "cheap", "cost_usd": "0.000001800"}
+    assert usage_chunks[0].model_extra["polyroute"] == {
+        "worker": "cheap",
+        "cost_usd": "0.000001800",
+        "usage": "reported",
+    }
     assert chunks[-1].usage is not None  # usage comes last, after the finish chunk
     assert any(c.choices and c.choices[0].finish_reason == "stop" for c in chunks)
+
+
+def test_streamed_usage_the_provider_did_not_send_is_marked_estimated(gateway, upstream):
+    """llama.cpp's server streams no usage: the counts are ours, and the answer and the ledger say so."""
+    import json
+    import time
+
+    upstream.behave("cheap-model", text="one two three four", stream_usage=False)
+    raw = openai_client(gateway).chat.completions.with_raw_response.create(
+        model="auto", messages=MESSAGES, stream=True, stream_options={"include_usage": True}
+    )
+    request_id = raw.headers["x-polyroute-request-id"]
+    [usage_chunk] = [c for c in raw.parse() if c.usage]
+    assert usage_chunk.usage.completion_tokens > 0  # counted here
+    assert usage_chunk.model_extra["polyroute"]["usage"] == "estimated"
+    record = None
+    for _ in range(1200):  # the books are settled in their own task once the stream is sent (60 s cap)
+        lines = (gateway.data_dir / "ledger.jsonl").read_text().splitlines()
+        record = next((json.loads(line) for line in lines if request_id in line), None)
+        if record:
+            break
+        time.sleep(0.05)
+    assert record is not None and record["trace"] == {"usage": "estimated"}
+    assert record["completion_tokens"] == usage_chunk.usage.completion_tokens
 
 
 def test_streaming_without_include_usage_hides_usage(gateway, upstream):

@@ -41,6 +41,7 @@ class Behaviour:
     completion_tokens: int | None = None
     tool_call: dict[str, Any] | None = None  # {"name": ..., "arguments": "..."} when tools are sent
     replies: dict[str, str] | None = None  # substring of the last user message -> text (first match wins)
+    stream_usage: bool = True  # False: ignore stream_options.include_usage, as llama.cpp's server does
     context_window: int | None = None  # prompt words + max_tokens above this: OpenAI's (and llama.cpp's) 400
     calls: int = field(default=0, repr=False)
 
@@ -221,7 +222,7 @@ class FakeUpstream:
                     await asyncio.sleep(behaviour.chunk_delay_s)
                 yield chunk({"content": word})
         yield chunk({}, "tool_calls" if tool_call else "stop")
-        if (body.get("stream_options") or {}).get("include_usage"):
+        if behaviour.stream_usage and (body.get("stream_options") or {}).get("include_usage"):
             payload = {
                 "id": completion_id,
                 "object": "chat.completion.chunk",
