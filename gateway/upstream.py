@@ -33,6 +33,12 @@ log = logging.getLogger("polyroute.upstream")
 
 litellm.suppress_debug_info = True
 litellm.telemetry = False
+# litellm logged an INFO line per call ("LiteLLM completion() model=..."), twice: through its own
+# handler and through the root logger. The access log (polyroute.access) already says which worker
+# served each request; litellm's warnings and errors still show, once, in the gateway's format.
+for _name in ("LiteLLM", "LiteLLM Router", "LiteLLM Proxy"):
+    logging.getLogger(_name).setLevel(logging.WARNING)
+    logging.getLogger(_name).handlers.clear()
 
 LOCAL_API_KEY = "sk-local-no-key"  # llama.cpp needs none, the OpenAI client insists on one
 RETRYABLE_STATUS = frozenset({408, 409, 429, 500, 502, 503, 504})

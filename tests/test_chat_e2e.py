@@ -319,6 +319,18 @@ def test_one_access_line_per_request_names_the_worker(gateway, upstream, caplog)
     assert any("refused status=404 code=model_not_found" in m for m in lines)
 
 
+def test_litellm_logs_no_line_per_call(gateway, upstream, caplog):
+    """Issue 15: every call logged two LiteLLM INFO lines (its handler and the root's), none naming the worker."""
+    import logging
+
+    caplog.set_level(logging.INFO)
+    with Client(gateway.url, api_key=gateway.api_key) as client:
+        client.chat(MESSAGES, model="cheap")
+    assert [r for r in caplog.records if r.name == "polyroute.access"]
+    assert not [r for r in caplog.records if r.name.startswith("LiteLLM") and r.levelno < logging.WARNING]
+    assert not logging.getLogger("LiteLLM").handlers  # what it does log appears once, in our format
+
+
 def test_a_prompt_over_every_window_is_400_context_length_exceeded(gateway, upstream):
     """Issue 15: it was a 502 after trying every worker; a worker with the same window cannot fit it either."""
     for model in ("cheap-model", "mid-model", "pricey-model"):
