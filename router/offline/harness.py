@@ -69,7 +69,7 @@ def run_routellm_eval(
     and recorded responses blanked to NaN. Test rows missing either model's label are then left out of
     the metrics (counted as `n_test_unlabelled`).
     """
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     console = console or console_for()
     ds = load_routellm(root)
@@ -83,6 +83,8 @@ def run_routellm_eval(
         BarColumn(),
         TextColumn("{task.completed}/{task.total}"),
         TimeElapsedColumn(),
+        TextColumn("ETA"),
+        TimeRemainingColumn(),
         console=console,
         disable=not progress,
         transient=True,
