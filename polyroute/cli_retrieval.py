@@ -130,7 +130,9 @@ def eval_command(
     ],
     split: Annotated[
         str | None,
-        typer.Option(help="qrels split: train or test [default: test when qrels/test.tsv exists, else train]"),
+        typer.Option(
+            help="qrels split: train or test [default: test when qrels/test.tsv exists, else train]"
+        ),
     ] = None,
     subset: Annotated[
         str,

@@ -213,7 +213,9 @@ class EdgeEngine(Engine):
             else:
                 self.shard = q.EdgeShard.create(str(path), config)
                 for field in KEYWORD_FIELDS:
-                    self.shard.update(q.UpdateOperation.create_field_index(field, q.PayloadSchemaType.Keyword))
+                    self.shard.update(
+                        q.UpdateOperation.create_field_index(field, q.PayloadSchemaType.Keyword)
+                    )
         except Exception as exc:
             self._lock.release()
             if "WouldBlock" in str(exc):
@@ -240,7 +242,9 @@ class EdgeEngine(Engine):
 
     def _match(self, key: str, values: list[str]):
         q = self.q
-        return q.FieldCondition(key, match=q.MatchAny(values) if len(values) != 1 else q.MatchValue(values[0]))
+        return q.FieldCondition(
+            key, match=q.MatchAny(values) if len(values) != 1 else q.MatchValue(values[0])
+        )
 
     def delete_chunks(self, doc_ids: list[str], keep_vers: list[str] | None = None) -> None:
         if not doc_ids:
@@ -266,8 +270,11 @@ class EdgeEngine(Engine):
         while True:
             records, offset = self.shard.scroll(
                 q.ScrollRequest(
-                    offset=offset, limit=1024, filter=q.Filter(must=[self._match("kind", [kind])]),
-                    with_payload=payload, with_vector=False,
+                    offset=offset,
+                    limit=1024,
+                    filter=q.Filter(must=[self._match("kind", [kind])]),
+                    with_payload=payload,
+                    with_vector=False,
                 )
             )
             out.extend(dict(r.payload or {}) for r in records)
@@ -276,7 +283,9 @@ class EdgeEngine(Engine):
 
     def count(self, kind: str) -> int:
         q = self.q
-        return self.shard.count(q.CountRequest(exact=True, filter=q.Filter(must=[self._match("kind", [kind])])))
+        return self.shard.count(
+            q.CountRequest(exact=True, filter=q.Filter(must=[self._match("kind", [kind])]))
+        )
 
     def query(self, spec: QuerySpec) -> list[Scored]:
         q = self.q
@@ -296,11 +305,15 @@ class EdgeEngine(Engine):
             ]
             query = q.Fusion.Rrf(k=spec.fusion.rrf_k)
         elif spec.mode == "bm25_dense":
-            lexical = q.Prefetch(limit=spec.candidates, query=q.Query.Nearest(sparse, using=SPARSE), filter=flt)
+            lexical = q.Prefetch(
+                limit=spec.candidates, query=q.Query.Nearest(sparse, using=SPARSE), filter=flt
+            )
             rescored = q.Prefetch(
                 limit=spec.candidates, query=q.Query.Nearest(dense, using=DENSE), prefetches=[lexical]
             )
-            lexical2 = q.Prefetch(limit=spec.candidates, query=q.Query.Nearest(sparse, using=SPARSE), filter=flt)
+            lexical2 = q.Prefetch(
+                limit=spec.candidates, query=q.Query.Nearest(sparse, using=SPARSE), filter=flt
+            )
             prefetches = [lexical2, rescored]
             f = spec.fusion
             if f.kind == "formula":
@@ -416,8 +429,12 @@ class ClientEngine(Engine):
         while True:
             with self._lock:
                 records, offset = self.client.scroll(
-                    self.name, scroll_filter=self.m.Filter(must=[self._match("kind", [kind])]),
-                    limit=1024, offset=offset, with_payload=payload, with_vectors=False,
+                    self.name,
+                    scroll_filter=self.m.Filter(must=[self._match("kind", [kind])]),
+                    limit=1024,
+                    offset=offset,
+                    with_payload=payload,
+                    with_vectors=False,
                 )
             out.extend(dict(r.payload or {}) for r in records)
             if offset is None or not records:

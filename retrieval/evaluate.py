@@ -219,7 +219,15 @@ def _evaluate_in(root, data, embedder, *args) -> dict:
 
 
 def _run(
-    retriever, data, methods, candidates, max_queries, index_size, snippets, disclosure_mode, progress,
+    retriever,
+    data,
+    methods,
+    candidates,
+    max_queries,
+    index_size,
+    snippets,
+    disclosure_mode,
+    progress,
     disclosure_queries=None,
 ):
     tick = (
@@ -275,9 +283,19 @@ def _run(
             "p50": round(percentile(latencies, 50), 2),
             "p99": round(percentile(latencies, 99), 2),
         }
-    report["disclosure"] = disclosure(
-        retriever, collection, data, queries[: disclosure_queries or None], index_size, snippets,
-        disclosure_mode, tick("disclosure"),
+    report["disclosure"] = (
+        disclosure(
+            retriever,
+            collection,
+            data,
+            queries[:disclosure_queries],
+            index_size,
+            snippets,
+            disclosure_mode,
+            tick("disclosure"),
+        )
+        if disclosure_queries != 0
+        else []
     )
     return report
 

@@ -40,6 +40,7 @@ import orjson
 
 from retrieval.embed import Embedder, shared_embedder
 from retrieval.engine import (
+    META_POINT,
     BM25Params,
     ClientPool,
     EdgeEngine,
@@ -52,7 +53,6 @@ from retrieval.engine import (
     bm25_query,
     chunk_point_id,
     doc_point_id,
-    META_POINT,
 )
 from retrieval.text import chunk_text, content_hash, normalize, summarize, title_from, tokenize
 
@@ -237,7 +237,9 @@ class Collection:
         chunks = chunk_text(text, config.chunk_words, config.chunk_overlap)
         return DocumentInput(doc.id, text, title, doc.metadata), digest, chunks
 
-    def ingest(self, docs: list[DocumentInput], timings: dict[str, float] | None = None) -> list[IngestResult]:
+    def ingest(
+        self, docs: list[DocumentInput], timings: dict[str, float] | None = None
+    ) -> list[IngestResult]:
         """Idempotent upsert of already-validated documents (see `prepare`).
 
         `timings`, when given, accumulates seconds spent in `embed` (the dense model) and `index`
@@ -281,8 +283,14 @@ class Collection:
                 points.append(
                     PointData(
                         chunk_point_id(doc.id, ver, chunk.index),
-                        {"kind": "chunk", "doc": doc.id, "ver": ver, "idx": chunk.index,
-                         "text": chunk.text, "title": doc.title},
+                        {
+                            "kind": "chunk",
+                            "doc": doc.id,
+                            "ver": ver,
+                            "idx": chunk.index,
+                            "text": chunk.text,
+                            "title": doc.title,
+                        },
                         vector,
                         bm25_document(tokens, params),
                     )
@@ -294,9 +302,16 @@ class Collection:
                     PointData(
                         doc_point_id(doc.id),
                         {
-                            "kind": "doc", "doc": doc.id, "ver": version_of(doc.id, digest), "hash": digest,
-                            "title": doc.title, "summary": summarize(doc.text), "text": doc.text,
-                            "chunks": len(chunks), "metadata": doc.metadata, "updated": now,
+                            "kind": "doc",
+                            "doc": doc.id,
+                            "ver": version_of(doc.id, digest),
+                            "hash": digest,
+                            "title": doc.title,
+                            "summary": summarize(doc.text),
+                            "text": doc.text,
+                            "chunks": len(chunks),
+                            "metadata": doc.metadata,
+                            "updated": now,
                         },
                     )
                     for doc, digest, chunks in todo
@@ -355,8 +370,12 @@ class Collection:
         if row is None:
             return None
         return DocumentRecord(
-            row["doc"], row.get("title", ""), row.get("summary", ""), row.get("text", ""),
-            int(row.get("chunks", 0)), row.get("metadata") or {},
+            row["doc"],
+            row.get("title", ""),
+            row.get("summary", ""),
+            row.get("text", ""),
+            int(row.get("chunks", 0)),
+            row.get("metadata") or {},
         )
 
     def documents(self, doc_ids: list[str]) -> dict[str, tuple[str, str]]:
@@ -369,13 +388,22 @@ class Collection:
             (r for r in self.engine.scroll("doc", ["doc", "title", "summary", "chunks"]) if r["doc"] > after),
             key=lambda r: r["doc"],
         )[:limit]
-        return [{"id": r["doc"], "title": r["title"], "summary": r["summary"], "chunks": r["chunks"]} for r in rows]
+        return [
+            {"id": r["doc"], "title": r["title"], "summary": r["summary"], "chunks": r["chunks"]}
+            for r in rows
+        ]
 
     def all_documents(self) -> list[DocumentRecord]:
         """Every document with its text (migration, export)."""
         return [
-            DocumentRecord(r["doc"], r.get("title", ""), r.get("summary", ""), r.get("text", ""),
-                           int(r.get("chunks", 0)), r.get("metadata") or {})
+            DocumentRecord(
+                r["doc"],
+                r.get("title", ""),
+                r.get("summary", ""),
+                r.get("text", ""),
+                int(r.get("chunks", 0)),
+                r.get("metadata") or {},
+            )
             for r in self.engine.scroll("doc", ["doc", "title", "summary", "text", "chunks", "metadata"])
         ]
 
@@ -383,8 +411,16 @@ class Collection:
         self, query: str, k: int = 10, mode: str = "bm25_dense", candidates: int | None = None
     ) -> list[Hit]:
         return [
-            Hit(chunk_key(p["doc"], p["idx"]), p["doc"], p["idx"], p.get("text", ""), p.get("title", ""),
-                score, sparse, dense)
+            Hit(
+                chunk_key(p["doc"], p["idx"]),
+                p["doc"],
+                p["idx"],
+                p.get("text", ""),
+                p.get("title", ""),
+                score,
+                sparse,
+                dense,
+            )
             for p, score, sparse, dense in self._ranked(query, k, mode, candidates, details=True)
         ]
 
@@ -421,7 +457,9 @@ class Collection:
         if fill:  # too few lexical matches (vocabulary mismatch): dense neighbours fill the rest
             payload = ["doc", "ver", "idx"] + (["text", "title"] if details else [])
             seen = {p.id for p in found}
-            extra = self.engine.query(QuerySpec("dense", k, pool, None, vector, config.fusion, payload, details))
+            extra = self.engine.query(
+                QuerySpec("dense", k, pool, None, vector, config.fusion, payload, details)
+            )
             lexical_ids = {p.id for p in found}
             found = found + [p for p in extra if p.id not in seen][: k - len(found)]
         found = self._visible(found)
@@ -430,15 +468,18 @@ class Collection:
             ids = [p.id for p in found]
             bm25_scores = {
                 p.id: p.score
-                for p in self.engine.query(QuerySpec("bm25", len(ids), len(ids), sparse, None, config.fusion,
-                                                     ["doc"], ids=ids))
+                for p in self.engine.query(
+                    QuerySpec("bm25", len(ids), len(ids), sparse, None, config.fusion, ["doc"], ids=ids)
+                )
             }
         out = []
         for p in found:
             if mode == "bm25":
                 out.append((p.payload, p.score, p.score, None))
                 continue
-            dense = float(np.dot(np.asarray(p.dense, dtype=np.float32), vector)) if p.dense is not None else None
+            dense = (
+                float(np.dot(np.asarray(p.dense, dtype=np.float32), vector)) if p.dense is not None else None
+            )
             if mode == "dense":
                 dense = p.score
             lexical = bm25_scores.get(p.id, 0.0) if details else (p.score if mode == "bm25" else None)
@@ -530,7 +571,9 @@ class Retriever:
                 meta = self._new_meta(tenant, name)
                 engine = pool.engine(qname, self._dim(meta["embedder"]))
                 stored = engine.retrieve([META_POINT]).get(META_POINT)
-                collection = Collection(self, tenant, name, directory, stored["meta"] if stored else meta, engine)
+                collection = Collection(
+                    self, tenant, name, directory, stored["meta"] if stored else meta, engine
+                )
                 if stored is None:
                     self._save_meta(collection)
             else:

@@ -94,7 +94,9 @@ def make_retriever(tmp_path, engine="edge", **kwargs) -> Retriever:
     for a Qdrant server (none can run here) — the code path of QDRANT_URL."""
     options = {"embedder": "minilm-static", "chunk_words": 40, "chunk_overlap": 8, **kwargs}
     return Retriever(
-        RetrievalConfig(root=tmp_path / "retrieval", qdrant_url=":memory:" if engine == "memory" else None, **options)
+        RetrievalConfig(
+            root=tmp_path / "retrieval", qdrant_url=":memory:" if engine == "memory" else None, **options
+        )
     )
 
 
@@ -161,7 +163,10 @@ PARITY_CORPUS = CORPUS + [
     (  # several chunks, none alike (equal BM25 scores could come in either order, and RRF with them)
         "long",
         " ".join(
-            f"Note {i}: " + "routing policy " * (i % 3 + 1) + "tea gardens " * (i % 4 + 1) + "sleepy cats " * (i % 7 + 1)
+            f"Note {i}: "
+            + "routing policy " * (i % 3 + 1)
+            + "tea gardens " * (i % 4 + 1)
+            + "sleepy cats " * (i % 7 + 1)
             for i in range(20)
         ),
     ),
@@ -191,11 +196,14 @@ def test_both_engines_rank_identically(tmp_path):
             for mode in ("bm25", "dense", "bm25_dense", "rrf"):
                 # RRF's fused scores tie (rank 2 + rank 5 = rank 5 + rank 2): ties in key order
                 a, b = (
-                    sorted(c.search(query, 40, mode), key=lambda h: (-round(h.score, 5), h.key)) for c in collections
+                    sorted(c.search(query, 40, mode), key=lambda h: (-round(h.score, 5), h.key))
+                    for c in collections
                 )
                 assert [h.key for h in a] == [h.key for h in b], (query, mode)
                 assert [h.score for h in a] == pytest.approx([h.score for h in b], rel=1e-4, abs=1e-6)
-                assert [h.bm25_score for h in a] == pytest.approx([h.bm25_score for h in b], rel=1e-4, abs=1e-6)
+                assert [h.bm25_score for h in a] == pytest.approx(
+                    [h.bm25_score for h in b], rel=1e-4, abs=1e-6
+                )
     finally:
         edge.close()
         memory.close()
@@ -219,14 +227,22 @@ def test_a_second_process_gets_a_clear_error_not_the_shard(tmp_path):
     )
     root = Path(__file__).resolve().parent.parent
     run = subprocess.run(
-        [sys.executable, "-c", code, str(r.config.root)], capture_output=True, text=True, cwd=root, timeout=120
+        [sys.executable, "-c", code, str(r.config.root)],
+        capture_output=True,
+        text=True,
+        cwd=root,
+        timeout=120,
     )
     assert run.stdout.startswith("LOCKED"), run.stdout + run.stderr
     assert "held by another process" in run.stdout and "QDRANT_URL" in run.stdout
     assert r.get("acme", "kb").search("green tea", 1, "bm25")[0].document_id == "tea"  # untouched
     r.close()  # released: another process may open it now
     run = subprocess.run(
-        [sys.executable, "-c", code, str(r.config.root)], capture_output=True, text=True, cwd=root, timeout=120
+        [sys.executable, "-c", code, str(r.config.root)],
+        capture_output=True,
+        text=True,
+        cwd=root,
+        timeout=120,
     )
     assert run.stdout.startswith("OPENED"), run.stdout + run.stderr
     with pytest.raises(ShardLocked):  # in one process too: one open collection per shard
@@ -252,7 +268,14 @@ def test_an_uncommitted_version_stays_invisible(retriever):
         [
             PointData(
                 chunk_point_id("tea", "uncommitted", 0),
-                {"kind": "chunk", "doc": "tea", "ver": "uncommitted", "idx": 0, "text": "tea tea", "title": ""},
+                {
+                    "kind": "chunk",
+                    "doc": "tea",
+                    "ver": "uncommitted",
+                    "idx": 0,
+                    "text": "tea tea",
+                    "title": "",
+                },
                 vector,
                 bm25_document(tokens, collection.bm25_params),
             )
@@ -261,7 +284,9 @@ def test_an_uncommitted_version_stays_invisible(retriever):
     for mode in ("bm25", "dense", "bm25_dense", "rrf"):
         hits = collection.search("tea oxidised leaves", 5, mode)
         assert [h.text for h in hits if h.document_id == "tea"] == [CORPUS[4][1]], mode
-    assert collection.ingest([DocumentInput("tea", "Tea, re-ingested after the crash.")])[0].status == "updated"
+    assert (
+        collection.ingest([DocumentInput("tea", "Tea, re-ingested after the crash.")])[0].status == "updated"
+    )
     assert collection.engine.count("chunk") == len(CORPUS)  # the orphan went with the old version
 
 
@@ -603,13 +628,24 @@ def test_cli_eval_split_defaults_and_choices(tmp_path):
     data = tmp_path / "beir"
     shutil.copytree(FIXTURES / "beir_tiny", data)
     (data / "qrels" / "test.tsv").rename(data / "qrels" / "train.tsv")
-    base = ["retrieval", "eval", "--dataset", str(data), "--embedder", "minilm-static", "--cache-dir", str(tmp_path / "c")]
+    base = [
+        "retrieval",
+        "eval",
+        "--dataset",
+        str(data),
+        "--embedder",
+        "minilm-static",
+        "--cache-dir",
+        str(tmp_path / "c"),
+    ]
     out = tmp_path / "train.json"
     result = CliRunner().invoke(app, base + ["--out", str(out)])
     assert result.exit_code == 0, result.output
     report = json.loads(out.read_text())
     assert report["split"] == "train" and report["queries"] == 6 and report["subset"] == "all"
-    assert report["ingest_embed_s"] >= 0 and report["ingest_index_s"] >= 0 and report["engine"] == "qdrant-edge"
+    assert (
+        report["ingest_embed_s"] >= 0 and report["ingest_index_s"] >= 0 and report["engine"] == "qdrant-edge"
+    )
 
     result = CliRunner().invoke(app, base + ["--split", "test", "--out", str(tmp_path / "x.json")])
     assert result.exit_code == 2 and "qrels/test.tsv" in result.output
