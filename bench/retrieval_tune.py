@@ -135,12 +135,12 @@ def main() -> None:
                     **metrics(lambda b, c, rk=rk: rrf(b, rk) + rrf(c, rk), k),
                 }
             )
-        for c0 in (1.0, 2.0, 4.0, 7.0, 10.0, 15.0, 20.0, 30.0, 50.0):
-            for alpha in (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.8, 1.0, 1.5, 2.0):
+        for c0 in (2.0, 5.0, 10.0, 20.0, 30.0, 50.0, 75.0, 100.0, 150.0, 200.0, 400.0):
+            for alpha in (0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0, 12.0):
                 fn = lambda b, c, a=alpha, c0=c0: a * b / (b + c0) + c  # noqa: E731
                 rows.append({"kind": "formula", "candidates": k, "alpha": alpha, "c": c0, **metrics(fn, k)})
     # RRF of dense top-K ∪ BM25 top-K (the `rrf` mode), by its k
-    for rk in (10, 30, 60, 100):
+    for rk in (2, 5, 10, 20, 30, 60, 100):
         nd = []
         for qid, keys, _, _, skeys, _ in cached:
             fused: dict[str, float] = {}
@@ -152,7 +152,8 @@ def main() -> None:
         rows.append({"kind": "rrf_mode", "rrf_k": rk, "ndcg_at_10": round(statistics.fmean(nd), 4)})
 
     best = max((r for r in rows if r["kind"] in ("formula", "dbsf", "rrf")), key=lambda r: r["ndcg_at_10"])
-    print("best on the tune half:", best, flush=True)
+    best_rrf = max((r for r in rows if r["kind"] == "rrf_mode"), key=lambda r: r["ndcg_at_10"])
+    print("best on the tune half:", best, "; rrf mode:", best_rrf, flush=True)
 
     # the chosen setting as the real one-query engine path, on the tune half
     fusion = Fusion(best["kind"], best.get("alpha", 1.0), best.get("c", 10.0), best.get("rrf_k", 60))
@@ -177,6 +178,7 @@ def main() -> None:
         "subset": "tune",
         "queries": len(queries),
         "best": best,
+        "best_rrf_mode": best_rrf,
         "engine_check": {
             "ndcg_at_10": round(engine_ndcg, 4),
             "p50_ms_without_query_embedding": round(statistics.median(lat), 2),

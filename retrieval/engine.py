@@ -106,17 +106,19 @@ class PointData:
 
 @dataclass(frozen=True)
 class Fusion:
-    """How `bm25_dense` combines the prefetched BM25 top-k with their dense scores.
+    """How `bm25_dense` combines the prefetched BM25 top-k with their dense scores, and RRF's k.
 
-    `formula`: `alpha · bm25 / (bm25 + c) + cosine` (BM25 saturated into [0, 1), then added to the
-    cosine); `dbsf`: Qdrant's distribution-based score fusion of the two score lists; `rrf`:
-    reciprocal-rank fusion of the two lists (k = `rrf_k`).
+    `formula` (the default): `alpha · bm25 / (bm25 + c) + cosine`: BM25 saturated into [0, alpha),
+    added to the cosine; `dbsf`: Qdrant's distribution-based score fusion of the two score lists;
+    `rrf`: reciprocal-rank fusion of the two lists. `rrf_k` is the k of the `rrf` mode (and of
+    `bm25_dense` when kind is `rrf`). Defaults: the best on SciFact's train tune half
+    (bench/retrieval_tune.py, bench/results/retrieval_tune_scifact.json).
     """
 
     kind: str = "formula"
-    alpha: float = 1.0
-    c: float = 10.0
-    rrf_k: int = 60
+    alpha: float = 2.0
+    c: float = 50.0
+    rrf_k: int = 2
 
     def as_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "alpha": self.alpha, "c": self.c, "rrf_k": self.rrf_k}

@@ -21,7 +21,7 @@ Search modes (each one Qdrant query):
   those chunks that combines lexical and dense evidence (`Fusion`, tuned on SciFact train:
   `docs/retrieval-engine.md`). When BM25 matches fewer than k chunks, dense neighbours fill the
   rest (a second query, only then).
-- ``rrf``: dense top-`candidates` and BM25 top-`candidates`, reciprocal-rank fusion (k=60).
+- ``rrf``: dense top-`candidates` and BM25 top-`candidates`, reciprocal-rank fusion (k = `Fusion.rrf_k`, tuned: 2).
 """
 
 from __future__ import annotations
@@ -60,7 +60,6 @@ from retrieval.text import chunk_text, content_hash, normalize, summarize, title
 COLLECTION_NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,63}")
 SESSION_PREFIX = "_s-"  # session collections: a prefix no client-chosen name can have
 MODES = ("bm25_dense", "rrf", "bm25", "dense")
-RRF_K = 60
 MAX_DOC_ID = 512
 
 
