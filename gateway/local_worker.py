@@ -145,7 +145,7 @@ class LocalWorkerProcess:
                 self.state, self.detail = "failed", str(exc)
                 log.error("local worker %s failed to start: %s", self.worker.name, exc)
             else:
-                returncode = await asyncio.to_thread(self._proc.wait) if self._proc else 0
+                returncode = await self._wait_exit()
                 if self._stopping:
                     break
                 self.state, self.detail = "failed", f"llama.cpp server exited with code {returncode}"
@@ -156,6 +156,15 @@ class LocalWorkerProcess:
                 log.error("local worker %s: giving up after %d restarts", self.worker.name, MAX_RESTARTS)
                 return
             await asyncio.sleep(min(2**restarts, 30))
+
+    async def _wait_exit(self, interval: float = 0.5) -> int:
+        """The server's exit code, once it exits. Polled rather than waited on in a thread: a thread
+        blocked in wait() for the server's lifetime would hold one of the default executor's few
+        threads (cpu_count + 4), which the gateway's asyncio.to_thread calls (routing, key checks)
+        share; six local workers on a 2-core host would take them all."""
+        while self._proc is not None and self._proc.poll() is None:
+            await asyncio.sleep(interval)
+        return self._proc.returncode if self._proc is not None else 0
 
     async def _launch_and_wait_ready(self) -> None:
         started = time.monotonic()

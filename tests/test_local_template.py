@@ -325,3 +325,29 @@ def test_multi_turn_system_and_memory_reach_the_real_model(gemma_gateway):
     assert r.status_code == 200, r.text
     answer = r.json()["choices"][0]["message"]["content"]
     assert answer.strip() and "\nQuestion:" not in answer and "\n\n" not in answer
+
+
+# ------------------------------------------------------------------------------ the supervisor
+def test_the_supervisor_notices_an_exit_without_holding_a_thread(tmp_path):
+    """Found running bench/local_model.py's candidate servers side by side: each supervisor sat in
+    asyncio.to_thread(proc.wait), and the 7th local worker on this 2-core box waited forever for a
+    default-executor thread (the one the gateway's routing and key checks use too)."""
+    import asyncio
+    import subprocess
+    import sys
+    import threading
+
+    from gateway.local_worker import LocalWorkerProcess
+
+    proc = LocalWorkerProcess(load_catalog().get(LOCAL), tmp_path / "models", tmp_path / "logs")
+    proc._proc = subprocess.Popen([sys.executable, "-c", "import time, sys; time.sleep(0.3); sys.exit(3)"])
+
+    async def watch() -> tuple[int, int]:
+        task = asyncio.create_task(proc._wait_exit(interval=0.02))
+        await asyncio.sleep(0.1)
+        threads_while_waiting = threading.active_count()
+        return await task, threads_while_waiting
+
+    before = threading.active_count()
+    code, during = asyncio.run(watch())
+    assert code == 3 and during == before
