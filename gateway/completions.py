@@ -57,6 +57,52 @@ DATA_CLASS_HEADER = "x-polyroute-data-class"
 COST_WEIGHT_HEADER = "x-polyroute-cost-weight"
 
 
+class Wire:
+    """The client's API on the way in and out: how a request is read and how answers, streams and
+    errors are written. This one is OpenAI chat completions; gateway/anthropic.py reads and writes
+    Anthropic Messages. Between the two ends every request runs the same pipeline (`serve`)."""
+
+    async def read(self, request: Request, state: AppState) -> ChatCompletionRequest:
+        return await read_model(request, ChatCompletionRequest, state.settings.max_body_bytes)
+
+    def error(self, err: APIError) -> Response:
+        return error_response(err)
+
+    def answer(self, body: dict, headers: dict[str, str], background: BackgroundTask | None) -> Response:
+        return Response(
+            orjson.dumps(body), media_type="application/json", headers=headers, background=background
+        )
+
+    def cached(self, body: bytes, headers: dict[str, str]) -> Response:
+        return Response(body, media_type="application/json", headers=headers)
+
+    def stream(self, body: AsyncIterator[bytes], headers: dict[str, str]) -> Response:
+        return EventStream(body, media_type="text/event-stream", headers=headers)
+
+    async def composed(self, response: Response) -> Response:
+        """A workflow's answer (gateway/compose.py writes OpenAI JSON or SSE)."""
+        return response
+
+    async def frames(
+        self, chunks: AsyncIterator[dict], worker: str, include_usage: bool
+    ) -> AsyncIterator[bytes]:
+        """The worker's chunks as this API's SSE events (WorkerError, DeadlinePassed pass through)."""
+        async for chunk in chunks:
+            if chunk.get("usage") and not chunk.get("choices") and not include_usage:
+                continue
+            yield b"data: " + orjson.dumps(chunk) + b"\n\n"
+
+    def error_event(self, message: str, code: str) -> bytes:
+        return _error_event(message, code)
+
+    def done(self) -> bytes:
+        """The stream's last bytes, however it ended (empty: none)."""
+        return b"data: [DONE]\n\n"
+
+
+OPENAI = Wire()
+
+
 def admission_for(
     state: AppState,
     request: Request,
@@ -378,6 +424,7 @@ class Exchange:
     route: RouteRequest | None = None  # what the router saw: its choice is logged for offline evaluation
     degraded: compose.Composition | None = None  # a workflow answered in fast mode: traced as such
     explain: bool = False  # x-polyroute-trace: 1 (the trace goes to the client too)
+    wire: Wire = OPENAI  # the client's API: how the answer is written
 
     @property
     def held_micros(self) -> int:
@@ -520,7 +567,7 @@ class Exchange:
         )
 
 
-def _refused(state: AppState, err: APIError, headers: dict[str, str]) -> Response:
+def _refused(state: AppState, err: APIError, headers: dict[str, str], wire: Wire = OPENAI) -> Response:
     err.headers = {**headers, **err.headers}
     access.info(
         "%s refused status=%d code=%s",
@@ -530,10 +577,16 @@ def _refused(state: AppState, err: APIError, headers: dict[str, str]) -> Respons
     )
     state.metrics.errors.labels(err.code or err.type).inc()
     state.metrics.requests.labels("-", "-", str(err.status)).inc()
-    return error_response(err)
+    return wire.error(err)
 
 
 async def chat_completions(request: Request) -> Response:
+    return await serve(request, OPENAI)
+
+
+async def serve(request: Request, wire: Wire) -> Response:
+    """The pipeline, whatever the client's API: auth, the body (read by `wire`), rate limits, memory,
+    data class and policy, cache, routing, budgets, worker calls with fallback, ledger and metrics."""
     state: AppState = request.app.state.polyroute
     request_id = "req_" + uuid.uuid4().hex
     headers = {"x-polyroute-request-id": request_id}
@@ -541,7 +594,7 @@ async def chat_completions(request: Request) -> Response:
     engine = state.policy.engine  # one policy snapshot for the whole decision, even if a reload lands now
     try:
         key = await state.auth.client(request)
-        chat = await read_model(request, ChatCompletionRequest, state.settings.max_body_bytes)
+        chat = await wire.read(request, state)
         tenant = engine.policy.tenants.get(key.tenant) if engine is not None else None
         rate = tenant.rate_limit if tenant is not None else None
         limits = ratelimits.limits_for(
@@ -577,15 +630,15 @@ async def chat_completions(request: Request) -> Response:
             and (hit := await caching.lookup(state.stores.cache, cache_plan)) is not None
         ):
             return await _from_cache(
-                state, request_id, key.tenant, chat, admission, router, limits, headers, hit
+                state, request_id, key.tenant, chat, admission, router, limits, headers, hit, wire
             )
         route = route_request(request, chat, admission, tenant.cost_weight if tenant else None)
         decision = await decide(state, route, chat, admission, router)
         composition = await compose.plan(state, request, chat, route, decision, router)
     except APIError as err:
-        return _refused(state, err, headers)
+        return _refused(state, err, headers, wire)
     except StoreReplyError as exc:  # e.g. the rate-limit script: this request fails, nobody else
-        return _refused(state, store_reply_error(exc), headers)
+        return _refused(state, store_reply_error(exc), headers, wire)
     exchange = Exchange(
         request_id,
         key.tenant,
@@ -601,6 +654,7 @@ async def chat_completions(request: Request) -> Response:
         route=route,
         degraded=composition if composition.degraded else None,
         explain=request.headers.get(compose.TRACE_HEADER) == "1",
+        wire=wire,
     )
     if cache_plan is not None:
         exchange.headers[caching.CACHE_HEADER] = "miss"
@@ -609,17 +663,26 @@ async def chat_completions(request: Request) -> Response:
     log.debug("request %s tenant=%s -> %s", request_id, key.tenant, [w.name for w in decision.workers])
     try:
         if composition.workflow is not None:
-            return await compose.respond(state, request, exchange, composition)
+            return await wire.composed(await compose.respond(state, request, exchange, composition))
         if chat.stream:
             return await _stream(state, exchange)
         return await _complete(state, exchange)
     except StoreReplyError as exc:  # a reservation Redis rejected: this request stops here
         await exchange.finish(state, None, 500, [])
-        return _refused(state, store_reply_error(exc), exchange.headers)
+        return _refused(state, store_reply_error(exc), exchange.headers, wire)
 
 
 async def _from_cache(
-    state: AppState, request_id, tenant, chat, admission, router, limits, headers, hit: caching.CachedAnswer
+    state: AppState,
+    request_id,
+    tenant,
+    chat,
+    admission,
+    router,
+    limits,
+    headers,
+    hit: caching.CachedAnswer,
+    wire: Wire = OPENAI,
 ) -> Response:
     state.metrics.cache.labels("hit").inc()
     decision = RouteDecision((), "cache", "exact-match response cache", Decimal(0))
@@ -634,7 +697,7 @@ async def _from_cache(
         "x-polyroute-cost-usd": "0",
         caching.CACHE_HEADER: "hit",
     }
-    return Response(hit.body, media_type="application/json", headers=headers)
+    return wire.cached(hit.body, headers)
 
 
 async def first_success(
@@ -778,11 +841,10 @@ async def _complete(state: AppState, ex: Exchange) -> Response:
     state.metrics.requests.labels(result.worker.name, ex.decision.strategy, "200").inc()
     state.metrics.latency.labels("false").observe(time.perf_counter() - ex.started)
     judged = state.judge.sample(state, ex, result.worker.name, completion_text(result.body))
-    return Response(
-        orjson.dumps(body),
-        media_type="application/json",
-        headers=headers,
-        background=BackgroundTask(state.judge.start, state, judged) if judged else None,  # after sending
+    return ex.wire.answer(
+        body,
+        headers,
+        BackgroundTask(state.judge.start, state, judged) if judged else None,  # after sending
     )
 
 
@@ -810,7 +872,7 @@ async def _failed(
     await ex.finish(state, None, err.status, failures)
     state.metrics.errors.labels(err.code or err.type).inc()
     state.metrics.requests.labels(worker, ex.decision.strategy, str(err.status)).inc()
-    return error_response(err)
+    return ex.wire.error(err)
 
 
 class EventStream(StreamingResponse):
@@ -849,7 +911,7 @@ async def _stream(state: AppState, ex: Exchange) -> Response:
         "x-accel-buffering": "no",
     }
     body = _sse(state, ex, stream, failures, include_usage=_wants_usage(ex.chat))
-    return EventStream(body, media_type="text/event-stream", headers=headers)
+    return ex.wire.stream(body, headers)
 
 
 def _wants_usage(chat: ChatCompletionRequest) -> bool:
@@ -879,15 +941,15 @@ async def _sse(
     outcome = "completed"
     chunks = stream.__aiter__()
     deadline = StreamDeadline(ex.remaining(state))
-    try:
+
+    async def read() -> AsyncIterator[dict]:
+        """The worker's chunks, each within the deadline; the usage chunk says what it cost."""
         while True:
             try:
                 chunk = await deadline.read(chunks)
             except StopAsyncIteration:
-                break
+                return
             if chunk.get("usage") and not chunk.get("choices"):
-                if not include_usage:
-                    continue
                 chunk["polyroute"] = {
                     "worker": worker,
                     "cost_usd": format_cost(stream.cost_usd),
@@ -897,15 +959,23 @@ async def _sse(
                 }
                 if ex.explain and (trace := _degraded_trace(ex, worker, stream, failures)) is not None:
                     chunk["polyroute"]["trace"] = trace
-            yield b"data: " + orjson.dumps(chunk) + b"\n\n"
+            yield chunk
+
+    feed = read()
+    frames = ex.wire.frames(feed, worker, include_usage)
+    try:
+        async for frame in frames:
+            yield frame
     except WorkerError as err:
         outcome = "mid_stream_error"
         log.warning("stream from %s failed mid-way: %s", worker, err.message)
-        yield _error_event(f"worker {worker} failed mid-stream: {err.message}", "upstream_stream_error")
+        yield ex.wire.error_event(
+            f"worker {worker} failed mid-stream: {err.message}", "upstream_stream_error"
+        )
     except DeadlinePassed:
         outcome = "deadline"
         log.warning("stream from %s cut at the request's deadline", worker)
-        yield _error_event(
+        yield ex.wire.error_event(
             f"the request's deadline of {state.settings.request_timeout_s:g} s passed mid-stream; "
             "what was streamed is billed",
             "request_timeout",
@@ -942,8 +1012,10 @@ async def _sse(
         label = "200" if outcome == "completed" else outcome
         state.metrics.requests.labels(worker, ex.decision.strategy, label).inc()
         state.metrics.latency.labels("true").observe(time.perf_counter() - ex.started)
-        try:
-            await chunks.aclose()  # release the upstream connection now
-        except Exception:
-            log.debug("closing the stream of %s failed", worker, exc_info=True)
-    yield b"data: [DONE]\n\n"
+        for closable in (frames, feed, chunks):  # the last releases the upstream connection now
+            try:
+                await closable.aclose()
+            except Exception:
+                log.debug("closing the stream of %s failed", worker, exc_info=True)
+    if tail := ex.wire.done():
+        yield tail
