@@ -1,4 +1,5 @@
-"""Authentication: `Authorization: Bearer <key>` → the key's record (and so its tenant).
+"""Authentication: `Authorization: Bearer <key>` (or, for tenant keys, `x-api-key: <key>`) → the
+key's record (and so its tenant).
 
 Async because verifying a key may need I/O (the shared key store): `KeyStore.verify_async`
 answers from memory when it can and otherwise does the I/O off the event loop.
@@ -38,6 +39,27 @@ def bearer_token(request: Request) -> str:
     return token.strip()
 
 
+def api_key(request: Request) -> str:
+    """A tenant key: `Authorization: Bearer <key>`, or `x-api-key: <key>` as the anthropic SDK sends
+    it (Claude Code's ANTHROPIC_AUTH_TOKEN sends Bearer). Bearer wins when both are present."""
+    if request.headers.get("authorization") is None:
+        key = request.headers.get("x-api-key")
+        if key is not None and key.strip():
+            return key.strip()
+        if key is not None:
+            raise APIError(
+                401, "The x-api-key header is empty.", type="authentication_error", code="invalid_api_key"
+            )
+        raise APIError(
+            401,
+            "You didn't provide an API key. Send it as 'Authorization: Bearer <key>' or 'x-api-key: <key>'.",
+            type="authentication_error",
+            code="missing_api_key",
+            headers=_WWW,
+        )
+    return bearer_token(request)
+
+
 def _invalid() -> APIError:
     return APIError(
         401, "Incorrect API key provided.", type="authentication_error", code="invalid_api_key", headers=_WWW
@@ -68,7 +90,7 @@ class Authenticator:
 
     async def client(self, request: Request) -> KeyRecord:
         """A tenant key (admin keys are refused here: they carry no tenant)."""
-        record = await self._verify(bearer_token(request))
+        record = await self._verify(api_key(request))
         if record is None or record.admin:
             raise _invalid()
         return record
