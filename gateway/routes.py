@@ -10,6 +10,7 @@ from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from starlette.responses import Response
 
+from gateway import anthropic
 from gateway.body import heavy_if, is_large, read_body, read_model
 from gateway.collections import router as collections_router
 from gateway.completions import chat_completions
@@ -23,6 +24,8 @@ from router import list_versions
 
 router = APIRouter()
 router.add_api_route("/v1/chat/completions", chat_completions, methods=["POST"], include_in_schema=True)
+router.add_api_route("/v1/messages", anthropic.messages, methods=["POST"])  # Anthropic Messages
+router.add_api_route("/v1/messages/count_tokens", anthropic.count_tokens, methods=["POST"])
 router.include_router(collections_router)  # /v1/collections (retrieval, gateway/collections.py)
 
 

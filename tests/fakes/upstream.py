@@ -43,6 +43,7 @@ class Behaviour:
     replies: dict[str, str] | None = None  # substring of the last user message -> text (first match wins)
     stream_usage: bool = True  # False: ignore stream_options.include_usage, as llama.cpp's server does
     context_window: int | None = None  # prompt words + max_tokens above this: OpenAI's (and llama.cpp's) 400
+    finish_reason: str | None = None  # e.g. "length" (cut at max_tokens); None: "stop" or "tool_calls"
     calls: int = field(default=0, repr=False)
 
 
@@ -60,6 +61,10 @@ def _last_user_text(body: dict[str, Any]) -> str:
             if isinstance(content, list):
                 return " ".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
     return ""
+
+
+def _finish(behaviour: Behaviour, tool_call: dict[str, Any] | None) -> str:
+    return behaviour.finish_reason or ("tool_calls" if tool_call else "stop")
 
 
 def _prompt_word_count(body: dict[str, Any]) -> int:
@@ -190,7 +195,7 @@ class FakeUpstream:
                     {
                         "index": 0,
                         "message": message,
-                        "finish_reason": "tool_calls" if tool_call else "stop",
+                        "finish_reason": _finish(behaviour, tool_call),
                     }
                 ],
                 "usage": usage,
@@ -221,7 +226,7 @@ class FakeUpstream:
                 if behaviour.chunk_delay_s:
                     await asyncio.sleep(behaviour.chunk_delay_s)
                 yield chunk({"content": word})
-        yield chunk({}, "tool_calls" if tool_call else "stop")
+        yield chunk({}, _finish(behaviour, tool_call))
         if behaviour.stream_usage and (body.get("stream_options") or {}).get("include_usage"):
             payload = {
                 "id": completion_id,

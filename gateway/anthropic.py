@@ -1,0 +1,413 @@
+"""POST /v1/messages and /v1/messages/count_tokens: the Anthropic Messages API on the same pipeline.
+
+A Messages request is validated here (Anthropic's shape, strictly: unknown fields are a 400), then
+translated into the internal chat-completions request by litellm's own adapter
+(`LiteLLMAnthropicMessagesAdapter.translate_anthropic_to_openai`) and served by `completions.serve`:
+keys, rate limits, memory, data class and policy, routing (auto, aliases, pinned workers), budgets
+with reservation, fallback, ledger, metrics and headers are those of chat completions, not copies.
+Answers go back through litellm's adapter too (`translate_openai_response_to_anthropic`, and its
+`AnthropicStreamWrapper` for the event stream). What litellm lacked, written here: the request's
+validation, Anthropic-format errors (JSON and the SSE `error` event), the message id, polyroute's
+metadata keys and cost on the answer, and the token count's endpoint. See docs/anthropic.md.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any, Literal
+
+import litellm
+import orjson
+from litellm.llms.anthropic.pass_through.adapters.streaming_iterator import AnthropicStreamWrapper
+from litellm.llms.anthropic.pass_through.adapters.transformation import LiteLLMAnthropicMessagesAdapter
+from litellm.types.utils import ModelResponse, ModelResponseStream
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
+from starlette.background import BackgroundTask
+from starlette.requests import Request
+from starlette.responses import Response
+
+from gateway import compose, ratelimits
+from gateway.body import heavy_if, is_large, read_json_object, validate
+from gateway.completions import AUTO, EventStream, Wire, serve
+from gateway.errors import APIError, JSONResponse
+from gateway.schemas import ChatCompletionRequest
+from gateway.state import AppState
+
+log = logging.getLogger("polyroute.gateway")
+
+# Anthropic's error type for each HTTP status (docs.anthropic.com "Errors"); others by class.
+ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    402: "billing_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    500: "api_error",
+    502: "api_error",
+    503: "overloaded_error",
+    504: "api_error",
+}
+
+# Accepted (clients such as Claude Code send them) but not forwarded: no OpenAI-form equivalent
+# every worker understands. Named back in x-polyroute-ignored.
+IGNORED = (
+    "top_k",
+    "thinking",
+    "service_tier",
+    "context_management",
+    "container",
+    "mcp_servers",
+    "cache_control",
+    "diagnostics",
+    "inference_geo",
+    "speed",
+    "user_profile_id",
+    "workspace_id",
+)
+# Block types a message may hold; anything else is refused before a worker sees it.
+BLOCK_TYPES = ("text", "image", "document", "tool_use", "tool_result", "thinking", "redacted_thinking")
+IGNORED_HEADER = "x-polyroute-ignored"
+COUNTER_HEADER = "x-polyroute-token-counter"
+DEFAULT_COUNTER = "litellm default (tiktoken cl100k_base)"
+
+
+def error_type(status: int) -> str:
+    if status in ERROR_TYPES:
+        return ERROR_TYPES[status]
+    return "invalid_request_error" if status < 500 else "api_error"
+
+
+def error_body(err: APIError, request_id: str | None = None) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "type": "error",
+        "error": {"type": error_type(err.status), "message": err.message},
+    }
+    if request_id:
+        body["request_id"] = request_id
+    if err.code or err.param:  # polyroute's precise reason (e.g. policy_denied, budget_exceeded)
+        body["polyroute"] = {"code": err.code, "param": err.param}
+    return body
+
+
+def error_response(err: APIError) -> JSONResponse:
+    request_id = err.headers.get("x-polyroute-request-id")
+    headers = {**err.headers, **({"request-id": request_id} if request_id else {})}
+    return JSONResponse(error_body(err, request_id), status_code=err.status, headers=headers)
+
+
+# ---- the request, validated in Anthropic's shape ---------------------------------------------------
+class Block(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    type: str
+
+    @model_validator(mode="after")
+    def _known(self) -> Block:
+        if self.type not in BLOCK_TYPES:
+            raise ValueError(f"content block type {self.type!r} is not supported (use one of {BLOCK_TYPES})")
+        extra = self.model_extra or {}
+        required = {
+            "text": ("text",),
+            "image": ("source",),
+            "document": ("source",),
+            "tool_use": ("id", "name", "input"),
+            "tool_result": ("tool_use_id",),
+        }.get(self.type, ())
+        missing = [name for name in required if name not in extra]
+        if missing:
+            raise ValueError(f"a {self.type} block needs {', '.join(missing)}")
+        if self.type == "text" and not isinstance(extra["text"], str):
+            raise ValueError("a text block's text must be a string")
+        if self.type == "tool_use" and not isinstance(extra["input"], dict):
+            raise ValueError("a tool_use block's input must be an object")
+        return self
+
+
+class TextBlock(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    type: Literal["text"]
+    text: str
+
+
+class AnthropicMessage(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    role: Literal["user", "assistant"]
+    content: str | list[Block]
+
+
+class Tool(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    name: str = Field(min_length=1, max_length=256)
+    description: str | None = None
+    input_schema: dict[str, Any] | None = None
+
+
+class ToolChoice(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    type: Literal["auto", "any", "tool", "none"]
+    name: str | None = None
+
+    @model_validator(mode="after")
+    def _named(self) -> ToolChoice:
+        if self.type == "tool" and not self.name:
+            raise ValueError("tool_choice of type 'tool' needs a name")
+        return self
+
+
+class CountTokensRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = Field(min_length=1, max_length=128)
+    messages: list[AnthropicMessage] = Field(min_length=1, max_length=4096)
+    system: str | list[TextBlock] | None = None
+    tools: list[Tool] | None = None
+    tool_choice: ToolChoice | None = None
+    thinking: dict[str, Any] | None = None
+    output_config: dict[str, Any] | None = None  # its format becomes response_format; effort is not sent
+    output_format: dict[str, Any] | None = None
+    mcp_servers: list[dict[str, Any]] | None = None
+    context_management: dict[str, Any] | None = None
+    cache_control: dict[str, Any] | None = None
+    speed: str | None = None
+    user_profile_id: str | None = None
+    workspace_id: str | None = None
+
+
+class MessagesRequest(CountTokensRequest):
+    max_tokens: int = Field(ge=1)
+    metadata: dict[str, Any] | None = None
+    stop_sequences: list[str] | None = None
+    stream: StrictBool = False
+    temperature: float | None = Field(None, ge=0, le=1)
+    top_p: float | None = Field(None, ge=0, le=1)
+    top_k: int | None = Field(None, ge=0)
+    service_tier: str | None = None
+    container: str | dict[str, Any] | None = None
+    diagnostics: dict[str, Any] | None = None
+    inference_geo: str | None = None
+
+
+def translate(body: CountTokensRequest) -> tuple[dict[str, Any], dict[str, str], list[str]]:
+    """The chat-completions form of a Messages request, through litellm's adapter: (chat fields,
+    truncated tool name -> original name, the parameters accepted but not forwarded)."""
+    data = body.model_dump(exclude_none=True)
+    ignored = [name for name in IGNORED if data.pop(name, None) is not None]
+    if "effort" in (data.get("output_config") or {}):
+        ignored.append("output_config.effort")
+    metadata = dict(data.pop("metadata", None) or {})
+    user = metadata.pop("user_id", None)
+    stream = data.pop("stream", False)
+    chat, mapping = LiteLLMAnthropicMessagesAdapter().translate_anthropic_to_openai(
+        anthropic_message_request=data  # type: ignore[arg-type]
+    )
+    chat = dict(chat)
+    for message in chat["messages"]:
+        # signed thinking of an Anthropic model: no other worker reads it, and `thinking` is not sent
+        message.pop("thinking_blocks", None)
+        for key in [k for k, v in message.items() if v is None]:
+            del message[key]
+    fields = ChatCompletionRequest.model_fields
+    dropped = sorted(k for k in chat if k not in fields)
+    if dropped:
+        log.debug("not forwarded from a Messages request: %s", dropped)
+    chat = {k: v for k, v in chat.items() if k in fields}
+    if user is not None:
+        chat["user"] = str(user)
+    if metadata:  # polyroute's keys: data_class, cost_weight, min_quality, collections, session_id...
+        chat["metadata"] = metadata
+    if stream:
+        # the usage chunk closes Anthropic's message_delta; the gateway asks the worker for it anyway
+        chat["stream"] = True
+        chat["stream_options"] = {"include_usage": True}
+    return chat, mapping, ignored
+
+
+# ---- the answer, written in Anthropic's shape --------------------------------------------------------
+def anthropic_message(body: dict[str, Any], mapping: dict[str, str], message_id: str) -> dict[str, Any]:
+    """A chat completion (the worker's, or a cached or composed one) as a Messages answer."""
+    extra = body.get("polyroute")
+    plain = {k: v for k, v in body.items() if k != "polyroute"}
+    answer = dict(
+        LiteLLMAnthropicMessagesAdapter().translate_openai_response_to_anthropic(
+            ModelResponse(**plain), tool_name_mapping=mapping
+        )
+    )
+    answer["id"] = message_id
+    answer["usage"] = dict(answer.get("usage") or {})
+    if answer.get("stop_details") is None:
+        answer.pop("stop_details", None)
+    if extra:
+        answer["polyroute"] = extra
+    return answer
+
+
+def sse_event(event: dict[str, Any]) -> bytes:
+    return (
+        b"event: " + str(event.get("type", "message")).encode() + b"\ndata: " + orjson.dumps(event) + b"\n\n"
+    )
+
+
+def _parse_sse(raw: bytes) -> list[dict[str, Any]]:
+    chunks = []
+    for line in raw.decode().splitlines():
+        if line.startswith("data: ") and line[6:].strip() != "[DONE]":
+            chunks.append(orjson.loads(line[6:]))
+    return chunks
+
+
+class AnthropicWire(Wire):
+    """Reads a Messages request; writes answers, event streams and errors as Anthropic's API does.
+    One per request: it keeps the request's tool-name mapping and message id."""
+
+    def __init__(self) -> None:
+        self.mapping: dict[str, str] = {}
+        self.ignored: list[str] = []
+        self.message_id = "msg_" + uuid.uuid4().hex
+
+    async def read(self, request: Request, state: AppState) -> ChatCompletionRequest:
+        data = await read_json_object(request, state.settings.max_body_bytes)
+        body = await heavy_if(is_large(request), validate, MessagesRequest, data)
+        chat, self.mapping, self.ignored = await heavy_if(is_large(request), translate, body)
+        return await heavy_if(is_large(request), validate, ChatCompletionRequest, chat)
+
+    def _headers(self, headers: dict[str, str]) -> dict[str, str]:
+        out = dict(headers)
+        if request_id := headers.get("x-polyroute-request-id"):
+            out["request-id"] = request_id
+            self.message_id = "msg_" + request_id.removeprefix("req_")
+        if self.ignored:
+            out[IGNORED_HEADER] = ",".join(self.ignored)
+        return out
+
+    def error(self, err: APIError) -> Response:
+        return error_response(err)
+
+    def answer(self, body: dict, headers: dict[str, str], background: BackgroundTask | None) -> Response:
+        headers = self._headers(headers)
+        message = anthropic_message(body, self.mapping, self.message_id)
+        return JSONResponse(message, headers=headers, background=background)
+
+    def cached(self, body: bytes, headers: dict[str, str]) -> Response:
+        return self.answer(orjson.loads(body), headers, None)
+
+    async def composed(self, response: Response) -> Response:
+        """A workflow's OpenAI answer (JSON or SSE, already complete) rewritten for this API."""
+        headers = {k: v for k, v in response.headers.items() if k.startswith("x-polyroute-")}
+        if response.status_code >= 400:
+            body = orjson.loads(response.body)
+            err = APIError(response.status_code, body["error"]["message"], code=body["error"].get("code"))
+            err.headers = headers
+            return error_response(err)
+        if isinstance(response, Response) and hasattr(response, "body_iterator"):
+            raw = b"".join([part async for part in response.body_iterator])  # type: ignore[attr-defined]
+            chunks = _parse_sse(raw)
+            worker = headers.get("x-polyroute-worker", "polyroute")
+            headers = self._headers(headers)
+
+            async def replay() -> AsyncIterator[dict]:
+                for chunk in chunks:
+                    yield chunk
+
+            return EventStream(
+                self.frames(replay(), worker, True), media_type="text/event-stream", headers=headers
+            )
+        return self.answer(orjson.loads(response.body), headers, None)
+
+    async def frames(
+        self, chunks: AsyncIterator[dict], worker: str, include_usage: bool
+    ) -> AsyncIterator[bytes]:
+        """Anthropic's events through litellm's AnthropicStreamWrapper: message_start,
+        content_block_start/delta/stop per block, message_delta (stop_reason, usage), message_stop."""
+        extra: dict[str, Any] = {}
+
+        async def source() -> AsyncIterator[ModelResponseStream]:
+            async for chunk in chunks:
+                if "polyroute" in chunk:  # the usage chunk: what the answer cost
+                    extra.update(chunk.pop("polyroute"))
+                yield ModelResponseStream(**chunk)
+
+        feed = source()
+        wrapper = AnthropicStreamWrapper(feed, model=worker, tool_name_mapping=self.mapping)
+        wrapper._message_id = self.message_id
+        try:
+            async for event in wrapper:
+                if event.get("type") == "message_delta" and extra:
+                    event = {**event, "polyroute": dict(extra)}
+                yield sse_event(event)
+        finally:
+            await feed.aclose()
+
+    def error_event(self, message: str, code: str) -> bytes:
+        return sse_event(error_body(APIError(502, message, type="server_error", code=code)))
+
+    def done(self) -> bytes:
+        return b""  # message_stop closed the stream (an error event ends it as Anthropic's does)
+
+    def stream(self, body: AsyncIterator[bytes], headers: dict[str, str]) -> Response:
+        return EventStream(body, media_type="text/event-stream", headers=self._headers(headers))
+
+
+async def messages(request: Request) -> Response:
+    """POST /v1/messages: the Anthropic Messages API, served by the chat-completions pipeline."""
+    try:
+        return await serve(request, AnthropicWire())
+    except APIError as err:  # raised outside the pipeline's own handling
+        return error_response(err)
+    except Exception:
+        log.exception("unhandled error on POST /v1/messages")
+        return error_response(APIError(500, "internal error in the gateway", type="server_error"))
+
+
+async def count_tokens(request: Request) -> Response:
+    """POST /v1/messages/count_tokens: {"input_tokens": N}. Counted with litellm's token counter for
+    the named worker's model; for auto, an alias or a workflow (the worker is not chosen yet), with
+    litellm's default tokenizer. The counter used is named in x-polyroute-token-counter. Authenticated
+    and rate limited (one request, no tokens) like any call; nothing is sent to a worker."""
+    state: AppState = request.app.state.polyroute
+    engine = state.policy.engine
+    try:
+        key = await state.auth.client(request)
+        data = await read_json_object(request, state.settings.max_body_bytes)
+        body = await heavy_if(is_large(request), validate, CountTokensRequest, data)
+        model = AUTO if body.model.startswith(compose.PREFIX) else body.model
+        worker = state.catalog.get(model)
+        aliases = engine.policy.aliases if engine is not None else {}
+        if worker is None and model != AUTO and model not in aliases:
+            names = ["auto", *aliases, *state.catalog.names]
+            raise APIError(
+                404,
+                f"The model '{body.model}' does not exist. Use one of: {', '.join(names)}",
+                type="not_found_error",
+                code="model_not_found",
+                param="model",
+            )
+        tenant = engine.policy.tenants.get(key.tenant) if engine is not None else None
+        rate = tenant.rate_limit if tenant is not None else None
+        limits = ratelimits.limits_for(key, rate.rpm if rate else None, rate.tpm if rate else None, 0)
+        headers = await ratelimits.enforce(state.stores.limiter, state.metrics, key.tenant, limits)
+        chat, _, _ = translate(body)
+        counted = await heavy_if(is_large(request), _count, worker.model if worker else None, chat)
+    except APIError as err:
+        state.metrics.errors.labels(err.code or err.type).inc()
+        return error_response(err)
+    headers[COUNTER_HEADER] = worker.model if worker else DEFAULT_COUNTER
+    return JSONResponse({"input_tokens": counted}, headers=headers)
+
+
+def _count(model: str | None, chat: dict[str, Any]) -> int:
+    kwargs: dict[str, Any] = {"messages": chat["messages"]}
+    if chat.get("tools"):
+        kwargs["tools"] = chat["tools"]
+    try:
+        return litellm.token_counter(model=model or "", **kwargs)
+    except Exception:  # no tokenizer for this model: the default one
+        log.debug("no tokenizer for %s; counting with the default", model, exc_info=True)
+        return litellm.token_counter(**kwargs)
