@@ -459,3 +459,53 @@ def test_claude_code_style_configuration(agw, upstream, monkeypatch):
     assert ledger_record(agw, request_id)["worker"] == "cheap"
     counted = sdk.messages.count_tokens(model="auto", messages=HELLO)
     assert counted.input_tokens > 0
+
+
+# ---- the rest of the pipeline: workflows, the response cache, memory ---------------------------------
+QUESTION = "What is six times seven?"
+JUDGE = "How likely is the proposed answer"
+
+
+def test_a_composed_workflow_answers_in_anthropic_shape(agw, upstream):
+    upstream.behave("cheap-model", text="42")
+    upstream.behave("pricey-model", text="The answer is 42.", replies={JUDGE: "9"})
+    question = [{"role": "user", "content": QUESTION}]
+    raw = client(agw).messages.with_raw_response.create(
+        model="compose:cascade", max_tokens=50, messages=question, extra_headers={"x-polyroute-trace": "1"}
+    )
+    message = raw.parse()
+    assert raw.headers["x-polyroute-strategy"] == "compose:cascade"
+    assert raw.headers["x-polyroute-worker"] == "cheap"
+    assert message.content[0].text == "42" and message.stop_reason == "end_turn"
+    steps = message.model_extra["polyroute"]["trace"]["steps"]
+    assert [(s["role"], s["worker"]) for s in steps] == [("answer", "cheap"), ("judge", "pricey")]
+    with client(agw).messages.stream(model="compose:cascade", max_tokens=50, messages=question) as stream:
+        assert "".join(stream.text_stream) == "42"
+        final = stream.get_final_message()
+    assert final.stop_reason == "end_turn" and final.usage.output_tokens > 0
+
+
+def test_a_cached_answer_is_written_in_anthropic_shape(agw, upstream):
+    upstream.behave("cheap-model", text="cached words", prompt_tokens=5, completion_tokens=2)
+    sdk = client(agw, default_headers={"x-polyroute-cache": "on"})
+    question = [{"role": "user", "content": "a question worth caching"}]
+    first = sdk.messages.with_raw_response.create(model="auto", max_tokens=8, messages=question)
+    second = sdk.messages.with_raw_response.create(model="auto", max_tokens=8, messages=question)
+    assert first.headers["x-polyroute-cache"] == "miss" and second.headers["x-polyroute-cache"] == "hit"
+    assert second.parse().content[0].text == "cached words" == first.parse().content[0].text
+    assert second.parse().usage.output_tokens == 2
+    assert len(upstream.requests_for("cheap-model")) == 1
+
+
+def test_polyroute_metadata_keys_work_on_messages(agw, upstream):
+    """metadata carries polyroute's keys (data_class, collections...) besides Anthropic's user_id."""
+    raw = client(agw).messages.with_raw_response.create(
+        model="auto", max_tokens=8, messages=HELLO, metadata={"user_id": "u1", "data_class": "pii"}
+    )
+    assert raw.headers["x-polyroute-data-class"] == "pii" and raw.headers["x-polyroute-worker"] == "cheap"
+    with pytest.raises(anthropic.NotFoundError) as caught:
+        client(agw).messages.create(
+            model="auto", max_tokens=8, messages=HELLO, metadata={"collections": ["no-such-collection"]}
+        )
+    assert caught.value.body["polyroute"]["code"] == "collection_not_found"
+    assert len(upstream.requests) == 1
