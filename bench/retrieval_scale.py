@@ -1,19 +1,19 @@
-"""Retrieval at 10K / 100K / 300K documents: ingest rate, query latency p50/p99, memory.
+"""Retrieval at 10K / 100K / 300K chunks on both engines: indexing rate, search latency, memory.
 
-Documents are the Jargon File entries (bench/retrieval_jargon.py) repeated with a varying id and a
-few random words each, so BM25 postings grow like a real corpus's. Embedding is *not* what is
-measured here (its rate is reported once, on a sample, with the real MiniLM): each repeated
-document's vector is its base text's `minilm-static` vector plus Gaussian noise (re-normalised),
-so the vector stores see as many distinct points as documents. Everything else is the real code:
-`Collection.ingest` (sqlite + BM25 + Qdrant) and `Collection.rank` for `bm25`, `dense`,
-`bm25_dense` and `rrf`.
+Chunks are the Jargon File entries (bench/retrieval_jargon.py) repeated with a varying id and a
+few random words each, so BM25's vocabulary and postings grow like a real corpus's. Embedding is
+*not* what is measured per size (its rate is measured once, on a sample, with the real MiniLM):
+each repeated chunk's vector is its base text's `minilm-static` vector plus Gaussian noise
+(re-normalised), so Qdrant sees as many distinct vectors as chunks. Everything else is the real
+code: `Collection.ingest` (tokenising, BM25 vectors, Qdrant writes), `Collection.optimize` (HNSW
+build, counted in indexing), and `Collection.rank` for `bm25`, `dense`, `bm25_dense` and `rrf`,
+timed with the query vector already computed (query embedding is reported apart).
 
-Qdrant local mode is brute force in Python/numpy; past `--qdrant-local-max` documents it is not
-run (its ingest alone takes too long here) and the table says so. For comparison, an HNSW index
-(faiss `IndexHNSWFlat`, M=32, efSearch=64; optional: `pip install faiss-cpu`) is built over the
-same vectors at every size, which is what a Qdrant server (HNSW) would give.
+Engines: `edge` (the embedded Qdrant Edge shard) and `memory` (qdrant-client's in-process mode,
+which stands in for a Qdrant server's API since no server can run here; it is brute force, so it
+is run up to `--memory-max` chunks).
 
-    .venv/bin/python bench/retrieval_scale.py [--sizes 10000,100000,300000]
+    .venv/bin/python bench/retrieval_scale.py [--sizes 10000,100000,300000] [--engines edge,memory]
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ import gc
 import hashlib
 import json
 import random
-import statistics
 import sys
 import tempfile
 import time
@@ -88,44 +87,51 @@ def base_corpus() -> list[tuple[str, str]]:
     return [(f"doc{i}", " ".join(rng.choice(WORDS) for _ in range(120))) for i in range(2000)]
 
 
-def run_size(n: int, base, pool, queries, qdrant_local_max: int, tmp: Path) -> dict:
+def run_size(n: int, engine: str, base, pool, queries, tmp: Path) -> dict:
     rng = random.Random(n)
-    root = tmp / f"n{n}"
     retriever = Retriever(
-        RetrievalConfig(root=root, embedder="minilm-static", chunk_words=400, chunk_overlap=20)
+        RetrievalConfig(
+            root=tmp / f"{engine}-{n}",
+            qdrant_url=":memory:" if engine == "memory" else None,
+            embedder="minilm-static",
+            chunk_words=400,
+            chunk_overlap=20,
+            optimize_every=0,  # one optimise at the end, timed as indexing
+        )
     )
-    meta = {"name": "scale", "tenant": "bench", "embedder": "minilm-static", "created": 0}
-    (root / "tenants" / "bench" / "scale").mkdir(parents=True, exist_ok=True)
-    (root / "tenants" / "bench" / "scale" / "meta.json").write_text(json.dumps(meta))
-    collection = BenchCollection(retriever, "bench", "scale", root / "tenants" / "bench" / "scale", meta)
+    collection = retriever.get("bench", "scale", create=True)
+    collection.__class__ = BenchCollection
     collection.pool = pool
-    use_qdrant = n <= qdrant_local_max
-    row: dict = {"documents": n, "qdrant_local_in_ingest": use_qdrant}
-    if not use_qdrant:  # BM25 + sqlite only: Qdrant local mode is not asked to hold this many
-        collection.dense.upsert = lambda *a, **k: None  # type: ignore[method-assign]
-        collection.dense.delete = lambda *a, **k: None  # type: ignore[method-assign]
-        collection.dense.ensure = lambda *a, **k: None  # type: ignore[method-assign]
+    row: dict = {"engine": engine, "chunks_target": n}
     gc.collect()
     before = rss_mb()
+    timings: dict[str, float] = {}
     started = time.perf_counter()
-    batch = 1000
+    batch = 2000
     for start in range(0, n, batch):
         docs = []
         for i in range(start, min(n, start + batch)):
             title, text = base[i % len(base)]
             salt = " ".join(rng.choice(WORDS) for _ in range(3))
             docs.append(DocumentInput(f"d{i}", f"{text} ¦ {salt}", title=title))
-        collection.ingest(docs)
-        if start % 20_000 == 0:
-            print(f"  n={n}: {start + len(docs)} ingested ({time.perf_counter() - started:.0f}s)", flush=True)
-    collection.bm25.checkpoint()
-    ingest_s = time.perf_counter() - started
-    row["ingest_docs_per_s"] = round(n / ingest_s, 1)
-    row["ingest_s"] = round(ingest_s, 1)
+        collection.ingest(docs, timings)
+        if start % 50_000 == 0:
+            print(
+                f"  {engine} n={n}: {start + len(docs)} ingested ({time.perf_counter() - started:.0f}s)",
+                flush=True,
+            )
+    t = time.perf_counter()
+    collection.optimize()
+    timings["index"] = timings.get("index", 0.0) + time.perf_counter() - t
+    chunks = collection.engine.count("chunk")
+    row["chunks"] = chunks
+    row["index_s"] = round(timings["index"], 1)
+    row["index_chunks_per_s"] = round(chunks / timings["index"], 1)
+    row["fake_embed_s"] = round(timings.get("embed", 0.0), 1)
     row["rss_mb_after_ingest"] = round(rss_mb() - before, 1)
-    row["bm25_snapshot_mb"] = round((collection.directory / "bm25.npz").stat().st_size / 2**20, 1)
-    modes = ("bm25", "dense", "bm25_dense", "rrf") if use_qdrant else ("bm25",)
-    for mode in modes:
+    for q in queries:  # query vectors in the embedder's cache: latencies exclude embedding
+        collection.embedder.encode_query(q)
+    for mode in ("bm25", "dense", "bm25_dense", "rrf"):
         latencies = []
         for q in queries:
             t = time.perf_counter()
@@ -135,47 +141,7 @@ def run_size(n: int, base, pool, queries, qdrant_local_max: int, tmp: Path) -> d
             "p50": round(percentile(latencies, 50), 2),
             "p99": round(percentile(latencies, 99), 2),
         }
-    if not use_qdrant:
-        row["qdrant_local"] = f"not run above {qdrant_local_max} documents"
-    # the same vectors in an HNSW index, for what an ANN engine gives
-    try:
-        import faiss
-
-        matrix = collection.pool.encode(
-            [f"{base[i % len(base)][0]}. {base[i % len(base)][1]}" for i in range(min(n, len(base)))]
-        )
-        reps = int(np.ceil(n / len(matrix)))
-        noise = (
-            np.random.default_rng(0).normal(0, 0.05, (len(matrix) * reps, matrix.shape[1])).astype(np.float32)
-        )
-        full = np.tile(matrix, (reps, 1))[:n] + noise[:n]
-        full /= np.linalg.norm(full, axis=1, keepdims=True)
-        t = time.perf_counter()
-        index = faiss.IndexHNSWFlat(full.shape[1], 32, faiss.METRIC_INNER_PRODUCT)
-        index.hnsw.efConstruction = 64
-        index.add(full)
-        build = time.perf_counter() - t
-        index.hnsw.efSearch = 64
-        qv = collection.pool.static.encode(queries)
-        latencies = []
-        for v in qv:
-            t = time.perf_counter()
-            index.search(v[None, :], 100)
-            latencies.append((time.perf_counter() - t) * 1000)
-        exact = []
-        for v in qv[:50]:
-            t = time.perf_counter()
-            np.argpartition(-(full @ v), 100)[:100]
-            exact.append((time.perf_counter() - t) * 1000)
-        row["hnsw_faiss"] = {
-            "build_s": round(build, 1),
-            "p50_ms": round(percentile(latencies, 50), 3),
-            "p99_ms": round(percentile(latencies, 99), 3),
-        }
-        row["numpy_bruteforce_ms_p50"] = round(statistics.median(exact), 2)
-        del index, full, noise
-    except ImportError:
-        row["hnsw_faiss"] = "faiss-cpu not installed"
+    row["rss_mb_after_search"] = round(rss_mb() - before, 1)
     retriever.close()
     return row
 
@@ -184,11 +150,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="10000,100000,300000")
     parser.add_argument("--queries", type=int, default=200)
+    parser.add_argument("--engines", default="edge,memory")
+    parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument(
-        "--qdrant-local-max",
+        "--memory-max",
         type=int,
-        default=10_000,
-        help="Qdrant local mode commits every point to sqlite (~100 points/s here): not run above this",
+        default=100_000,
+        help="qdrant-client in-memory mode (brute force): not run above this",
     )
     parser.add_argument(
         "--embed-sample", type=int, default=200, help="docs embedded with real MiniLM for the rate"
@@ -204,16 +172,32 @@ def main() -> None:
     minilm.encode(["warm"])
     t = time.perf_counter()
     minilm.encode(texts[: args.embed_sample])
-    report["minilm_embed_docs_per_s"] = round(args.embed_sample / (time.perf_counter() - t), 1)
-    print(f"MiniLM embedding: {report['minilm_embed_docs_per_s']} docs/s (real model, this machine)")
+    report["minilm_embed_chunks_per_s"] = round(args.embed_sample / (time.perf_counter() - t), 1)
+    t = time.perf_counter()
+    for q in queries[:50]:
+        minilm.encode([q])
+    report["minilm_query_embed_ms_mean"] = round((time.perf_counter() - t) * 1000 / 50, 2)
+    print(
+        f"MiniLM: {report['minilm_embed_chunks_per_s']} chunks/s, a query {report['minilm_query_embed_ms_mean']} ms"
+    )
     with tempfile.TemporaryDirectory() as tmp:
         for n in (int(s) for s in args.sizes.split(",")):
-            row = run_size(n, base, pool, queries, args.qdrant_local_max, Path(tmp))
-            print(json.dumps(row), flush=True)
-            report["rows"].append(row)
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"wrote {RESULTS}")
+            for engine in args.engines.split(","):
+                if engine == "memory" and n > args.memory_max:
+                    report["rows"].append(
+                        {
+                            "engine": engine,
+                            "chunks_target": n,
+                            "skipped": f"above --memory-max {args.memory_max}",
+                        }
+                    )
+                    continue
+                row = run_size(n, engine, base, pool, queries, Path(tmp))
+                print(json.dumps(row), flush=True)
+                report["rows"].append(row)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":

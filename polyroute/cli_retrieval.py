@@ -80,11 +80,14 @@ def ingest_command(
             TextColumn("[bold]ingest[/bold] {task.fields[name]}"),
             BarColumn(),
             MofNCompleteColumn(),
+            TextColumn("{task.fields[rate]}"),
             TimeRemainingColumn(),
             console=console,
         ) as progress,
     ):
-        task = progress.add_task("ingest", total=len(files), name=collection)
+        task = progress.add_task("ingest", total=len(files), name=collection, rate="")
+        started = time.perf_counter()
+        done = 0
         for batch in _batches(files, root):
             upload = [
                 ("files", (p.relative_to(root).as_posix(), p.read_bytes(), "application/octet-stream"))
@@ -111,7 +114,13 @@ def ingest_command(
                 progress.console.print(
                     f"[red]✗ {err.get('file') or err.get('id')}: {err.get('message')}[/red]"
                 )
-            progress.advance(task, len(batch))
+            done += len(batch)
+            elapsed = max(time.perf_counter() - started, 1e-9)
+            progress.update(
+                task,
+                advance=len(batch),
+                rate=f"{done / elapsed:,.1f} files/s, {chunks / elapsed:,.0f} chunks/s",
+            )
     console.print(
         f"{collection}: {counts['created']} created, {counts['updated']} updated, "
         f"{counts['unchanged']} unchanged ({chunks} chunks written); {len(errors)} failed"
@@ -141,7 +150,12 @@ def eval_command(
     disclosure_queries: Annotated[
         int | None, typer.Option(help="run the disclosure report on the first N queries only")
     ] = None,
-    embedder: Annotated[str, typer.Option(help="minilm (sentence-transformers) or minilm-static")] = "minilm",
+    embedder: Annotated[
+        str,
+        typer.Option(
+            help="minilm (sentence-transformers), minilm-int8 (its int8 quantisation) or minilm-static"
+        ),
+    ] = "minilm",
     candidates: Annotated[int, typer.Option(help="BM25/dense candidates per stage")] = 100,
     max_queries: Annotated[int | None, typer.Option(help="evaluate the first N queries only")] = None,
     index_size: Annotated[int, typer.Option(help="memory index entries (layer 0) per query")] = 10,

@@ -83,10 +83,11 @@ class BM25Params:
 
 def bm25_document(tokens: list[str], params: BM25Params) -> tuple[list[int], list[float]]:
     """Term weights `tf·(k1+1) / (tf + k1·(1 − b + b·len/avg_len))`; Qdrant multiplies the IDF in."""
-    counts: Counter[int] = Counter(term_id(t) for t in tokens)
+    ids = _term_ids
+    counts = Counter([ids.get(t) or term_id(t) for t in tokens])
     norm = params.k1 * (1 - params.b + params.b * len(tokens) / params.avg_len)
-    indices = sorted(counts)
-    return indices, [counts[i] * (params.k1 + 1) / (counts[i] + norm) for i in indices]
+    k1 = params.k1 + 1
+    return list(counts), [tf * k1 / (tf + norm) for tf in counts.values()]
 
 
 def bm25_query(tokens: list[str]) -> tuple[list[int], list[float]]:

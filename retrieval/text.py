@@ -68,8 +68,18 @@ def normalize(text: str) -> str:
 
 def tokenize(text: str) -> list[str]:
     """Lower-cased word tokens (any script), stop words dropped, Snowball-stemmed."""
-    words = _WORD.findall(normalize(text).casefold())
-    return [_stem(w) for w in words if w not in STOP_WORDS and not (len(w) == 1 and w.isascii())]
+    global _stemmer
+    if _stemmer is None:
+        _stemmer = _Stemmer()
+    stemmer = _stemmer
+    cache = stemmer._cache  # inlined lookup: this loop is the indexing path's hot spot
+    out = []
+    for w in _WORD.findall(normalize(text).casefold()):
+        if w in STOP_WORDS or (len(w) == 1 and w.isascii()):
+            continue
+        stem = cache.get(w)
+        out.append(stem if stem is not None else stemmer(w))
+    return out
 
 
 # ------------------------------------------------------------------------------------------ chunks
