@@ -509,3 +509,63 @@ def test_polyroute_metadata_keys_work_on_messages(agw, upstream):
         )
     assert caught.value.body["polyroute"]["code"] == "collection_not_found"
     assert len(upstream.requests) == 1
+
+
+# ---- a worker whose provider is Anthropic ----------------------------------------------------------
+CLAUDE_WORKER = """
+  - name: claude
+    model: anthropic/claude-fake
+    api_base: {url}
+    api_key_env: {key_env}
+    context_window: 200000
+    input_price_per_m: 3.00
+    output_price_per_m: 15.00
+    tier: frontier
+    license: proprietary
+    provider: anthropic
+    jurisdiction: US
+    capabilities: [general, tools]
+"""
+
+
+@pytest.fixture(scope="module")
+def cgw(upstream, tmp_path_factory):
+    """The test catalog plus a worker called through litellm's Anthropic provider (Anthropic's wire)."""
+    from tests.conftest import FAKE_KEY_ENV
+
+    yaml_text = catalog_yaml_for(upstream.url) + CLAUDE_WORKER.format(url=upstream.url, key_env=FAKE_KEY_ENV)
+    gw = start_gateway(parse_catalog(yaml_text), tmp_path_factory.mktemp("claude-gw"))
+    yield gw
+    gw.server.stop()
+
+
+def test_an_anthropic_worker_answers_messages(cgw, upstream):
+    upstream.behave("claude-fake", text="Bonjour from Claude", prompt_tokens=12, completion_tokens=4)
+    raw = client(cgw).messages.with_raw_response.create(
+        model="claude", max_tokens=32, system="Answer in French.", messages=HELLO
+    )
+    message = raw.parse()
+    assert raw.headers["x-polyroute-worker"] == "claude"
+    assert message.content[0].text == "Bonjour from Claude" and message.stop_reason == "end_turn"
+    assert message.usage.input_tokens == 12 and message.usage.output_tokens == 4
+    # 12 * $3/1M + 4 * $15/1M
+    assert Decimal(raw.headers["x-polyroute-cost-usd"]) == Decimal("0.000096")
+    [sent] = upstream.requests_for("claude-fake")  # Anthropic's wire, built by litellm
+    assert sent["max_tokens"] == 32 and sent["messages"][-1]["role"] == "user"
+    system = sent["system"]
+    assert (system if isinstance(system, str) else system[0]["text"]) == "Answer in French."
+
+
+def test_an_anthropic_worker_streams_and_calls_tools(cgw, upstream):
+    upstream.behave("claude-fake", text="one two three", prompt_tokens=5, completion_tokens=3)
+    with client(cgw).messages.stream(model="claude", max_tokens=32, messages=HELLO) as stream:
+        assert "".join(stream.text_stream) == "one two three"
+        final = stream.get_final_message()
+    assert final.usage.output_tokens == 3 and final.stop_reason == "end_turn"
+    upstream.behave("claude-fake", tool_call={"name": "get_weather", "arguments": '{"city": "Rome"}'})
+    answer = client(cgw).messages.create(model="claude", max_tokens=32, messages=HELLO, tools=[WEATHER_TOOL])
+    [use] = [b for b in answer.content if b.type == "tool_use"]
+    assert use.name == "get_weather" and use.input == {"city": "Rome"} and answer.stop_reason == "tool_use"
+    assert (
+        upstream.requests_for("claude-fake")[-1]["tools"][0]["input_schema"] == WEATHER_TOOL["input_schema"]
+    )

@@ -1,4 +1,5 @@
-"""The test upstream: a real HTTP server on loopback that speaks the OpenAI chat wire format.
+"""The test upstream: a real HTTP server on loopback that speaks the OpenAI chat wire format (and
+Anthropic's Messages wire on /v1/messages, for workers whose provider is anthropic).
 
 It is the only stand-in the project allows (no real provider is reachable from CI). Behaviour is
 set per upstream model name — latency, error status (always or the first N calls), streaming
@@ -67,6 +68,36 @@ def _finish(behaviour: Behaviour, tool_call: dict[str, Any] | None) -> str:
     return behaviour.finish_reason or ("tool_calls" if tool_call else "stop")
 
 
+def _anthropic_error(kind: str, message: str) -> dict[str, Any]:
+    return {"type": "error", "error": {"type": kind, "message": message}}
+
+
+def _anthropic_texts(content: Any) -> list[str]:
+    if isinstance(content, str):
+        return [content]
+    texts = []
+    for block in content or []:
+        if isinstance(block, dict) and isinstance(block.get("text"), str):
+            texts.append(block["text"])
+        elif isinstance(block, dict) and block.get("type") == "tool_result":
+            texts.extend(_anthropic_texts(block.get("content")))
+    return texts
+
+
+def _anthropic_last_user_text(body: dict[str, Any]) -> str:
+    for message in reversed(body.get("messages") or []):
+        if message.get("role") == "user":
+            return " ".join(_anthropic_texts(message.get("content")))
+    return ""
+
+
+def _anthropic_prompt_words(body: dict[str, Any]) -> int:
+    words = sum(len(t.split()) for t in _anthropic_texts(body.get("system")))
+    for message in body.get("messages") or []:
+        words += sum(len(t.split()) for t in _anthropic_texts(message.get("content")))
+    return max(words, 1)
+
+
 def _prompt_word_count(body: dict[str, Any]) -> int:
     total = 0
     for message in body.get("messages") or []:
@@ -90,6 +121,7 @@ class FakeUpstream:
                 Route("/v1/chat/completions", self._chat, methods=["POST"]),
                 Route("/chat/completions", self._chat, methods=["POST"]),
                 Route("/v1/models", self._models, methods=["GET"]),
+                Route("/v1/messages", self._messages, methods=["POST"]),  # Anthropic's wire
                 Route("/_control/behaviour", self._control_behaviour, methods=["POST"]),
                 Route("/_control/reset", self._control_reset, methods=["POST"]),
                 Route("/_control/requests", self._control_requests, methods=["GET"]),
@@ -238,6 +270,100 @@ class FakeUpstream:
             }
             yield b"data: " + orjson.dumps(payload) + b"\n\n"
         yield b"data: [DONE]\n\n"
+
+    # ---- Anthropic's Messages wire (workers with provider anthropic, called through litellm) -------
+    async def _messages(self, request: Request) -> Response:
+        """The same behaviours, answered as Anthropic's API does (JSON, or its event stream)."""
+        try:
+            body = orjson.loads(await request.body())
+        except orjson.JSONDecodeError:
+            return JSONResponse(_anthropic_error("invalid_request_error", "bad json"), 400)
+        self.requests.append(body)
+        model = str(body.get("model", ""))
+        behaviour = self._behaviour(model)
+        behaviour.calls += 1
+        if behaviour.latency_s:
+            await asyncio.sleep(behaviour.latency_s)
+        if behaviour.status and (behaviour.fail_times is None or behaviour.calls <= behaviour.fail_times):
+            message = f"fake upstream error {behaviour.status}"
+            return JSONResponse(_anthropic_error("api_error", message), behaviour.status)
+        last = _anthropic_last_user_text(body)
+        text = last if behaviour.text == ECHO else behaviour.text
+        for needle, reply in (behaviour.replies or {}).items():
+            if needle in last:
+                text = reply
+                break
+        use = None
+        if behaviour.tool_call and body.get("tools"):
+            arguments = orjson.loads(behaviour.tool_call.get("arguments", "{}"))
+            use = {
+                "type": "tool_use",
+                "id": "toolu_" + uuid.uuid4().hex[:12],
+                "name": behaviour.tool_call["name"],
+            }
+            use["input"] = arguments
+        stop = {"length": "max_tokens", "tool_calls": "tool_use"}.get(
+            behaviour.finish_reason or "", "end_turn"
+        )
+        stop = "tool_use" if use else stop
+        input_tokens = behaviour.prompt_tokens or _anthropic_prompt_words(body)
+        output_tokens = behaviour.completion_tokens or len(text.split()) or 1
+        message_id = "msg_" + uuid.uuid4().hex[:20]
+        if body.get("stream"):
+            return StreamingResponse(
+                self._messages_stream(
+                    behaviour, message_id, model, text, use, stop, input_tokens, output_tokens
+                ),
+                media_type="text/event-stream",
+            )
+        return JSONResponse(
+            {
+                "id": message_id,
+                "type": "message",
+                "role": "assistant",
+                "model": model,
+                "content": [use] if use else [{"type": "text", "text": text}],
+                "stop_reason": stop,
+                "stop_sequence": None,
+                "usage": {"input_tokens": input_tokens, "output_tokens": output_tokens},
+            }
+        )
+
+    async def _messages_stream(
+        self, behaviour, message_id, model, text, use, stop, input_tokens, output_tokens
+    ):
+        def event(payload: dict[str, Any]) -> bytes:
+            return b"event: " + payload["type"].encode() + b"\ndata: " + orjson.dumps(payload) + b"\n\n"
+
+        start = {"id": message_id, "type": "message", "role": "assistant", "model": model, "content": []}
+        start |= {"stop_reason": None, "stop_sequence": None}
+        start["usage"] = {"input_tokens": input_tokens, "output_tokens": 1}
+        yield event({"type": "message_start", "message": start})
+        if use:
+            block = {**use, "input": {}}
+            yield event({"type": "content_block_start", "index": 0, "content_block": block})
+            delta = {"type": "input_json_delta", "partial_json": orjson.dumps(use["input"]).decode()}
+            yield event({"type": "content_block_delta", "index": 0, "delta": delta})
+        else:
+            yield event(
+                {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}
+            )
+            for i, word in enumerate(_words(text)):
+                if behaviour.drop_after_chunks is not None and i >= behaviour.drop_after_chunks:
+                    raise ConnectionResetError("fake upstream dropped the stream")
+                if behaviour.chunk_delay_s:
+                    await asyncio.sleep(behaviour.chunk_delay_s)
+                delta = {"type": "text_delta", "text": word}
+                yield event({"type": "content_block_delta", "index": 0, "delta": delta})
+        yield event({"type": "content_block_stop", "index": 0})
+        yield event(
+            {
+                "type": "message_delta",
+                "delta": {"stop_reason": stop, "stop_sequence": None},
+                "usage": {"output_tokens": output_tokens},
+            }
+        )
+        yield event({"type": "message_stop"})
 
     # ---- control over HTTP (when the upstream runs as its own process) -------------------
     async def _control_behaviour(self, request: Request) -> Response:
