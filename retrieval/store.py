@@ -204,7 +204,7 @@ class Collection:
     def _fix_bm25(self, token_lists: list[list[str]]) -> BM25Params:
         """BM25's average length is fixed on the first write (the vectors carry it): that batch's mean
         when it has ≥ 20 chunks, else 60% of the chunk size (stop words dropped)."""
-        params = self.bm25_params
+        params = self.bm25_params or self._shared_bm25()
         if params is not None:
             return params
         config = self.retriever.config
@@ -216,6 +216,16 @@ class Collection:
         self.meta["bm25"] = params.as_dict()
         self.retriever._save_meta(self)
         return params
+
+    def _shared_bm25(self) -> BM25Params | None:
+        """On a shared server another replica may have fixed BM25's parameters since we opened the
+        collection: read them from the collection's meta point."""
+        if self.retriever.pool is None:
+            return None
+        stored = self.engine.retrieve([META_POINT]).get(META_POINT)
+        if stored and (stored.get("meta") or {}).get("bm25"):
+            self.meta = stored["meta"]
+        return self.bm25_params
 
     # --------------------------------------------------------------------------- ingest
     def prepare(self, doc: DocumentInput) -> tuple[DocumentInput, str, list]:
@@ -437,7 +447,7 @@ class Collection:
     def _ranked(self, query, k, mode, candidates, details):
         if mode not in MODES:
             raise ValueError(f"unknown search mode {mode!r}; expected one of {', '.join(MODES)}")
-        if k <= 0 or self.bm25_params is None:  # nothing was ever written
+        if k <= 0 or (self.bm25_params is None and self._shared_bm25() is None):  # nothing was ever written
             return []
         config = self.retriever.config
         pool = max(k, candidates or config.candidates)

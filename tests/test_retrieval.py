@@ -209,6 +209,25 @@ def test_both_engines_rank_identically(tmp_path):
         memory.close()
 
 
+def test_replicas_on_one_qdrant_share_collections(tmp_path):
+    """Two Retrievers (replicas, each with its own data dir) on one Qdrant (here the in-memory client,
+    standing in for a server): what one writes, the other lists, finds and can delete."""
+    a = make_retriever(tmp_path / "a", "memory")
+    b = make_retriever(tmp_path / "b", "memory")
+    b._pool = a.pool  # one Qdrant for both
+    try:
+        early = b.get("acme", "kb", create=True)  # opened before anything was written
+        a.get("acme", "kb").ingest([DocumentInput(k, t) for k, t in CORPUS])
+        assert b.names("acme") == ["kb"] and b.exists("acme", "kb") and not b.exists("globex", "kb")
+        assert early.search("green tea leaves", 1, "bm25_dense")[0].document_id == "tea"
+        assert early.document("tea").text == CORPUS[4][1]
+        assert early.delete(["tea"]) == ["tea"]
+        assert all(h.document_id != "tea" for h in a.get("acme", "kb").search("green tea leaves", 5, "bm25"))
+        assert not list((tmp_path / "a").rglob("*.sqlite")) and not list((tmp_path / "b").rglob("shard"))
+    finally:
+        a.close()
+
+
 def test_a_second_process_gets_a_clear_error_not_the_shard(tmp_path):
     import subprocess
     import sys
