@@ -205,13 +205,19 @@ def translate(body: CountTokensRequest) -> tuple[dict[str, Any], dict[str, str],
     metadata = dict(data.pop("metadata", None) or {})
     user = metadata.pop("user_id", None)
     stream = data.pop("stream", False)
-    chat, mapping = LiteLLMAnthropicMessagesAdapter().translate_anthropic_to_openai(
-        anthropic_message_request=data  # type: ignore[arg-type]
-    )
+    try:
+        chat, mapping = LiteLLMAnthropicMessagesAdapter().translate_anthropic_to_openai(
+            anthropic_message_request=data  # type: ignore[arg-type]
+        )
+    except Exception as exc:  # a block litellm cannot translate (e.g. an image source it does not know)
+        log.debug("litellm could not translate a Messages request", exc_info=True)
+        raise APIError(400, f"This request cannot be translated for the workers: {exc}") from None
     chat = dict(chat)
     for message in chat["messages"]:
-        # signed thinking of an Anthropic model: no other worker reads it, and `thinking` is not sent
+        # earlier thinking (signed, Anthropic's): `thinking` is not sent, and some OpenAI-wire servers
+        # refuse reasoning_content in a request
         message.pop("thinking_blocks", None)
+        message.pop("reasoning_content", None)
         for key in [k for k, v in message.items() if v is None]:
             del message[key]
     fields = ChatCompletionRequest.model_fields

@@ -569,3 +569,39 @@ def test_an_anthropic_worker_streams_and_calls_tools(cgw, upstream):
     assert (
         upstream.requests_for("claude-fake")[-1]["tools"][0]["input_schema"] == WEATHER_TOOL["input_schema"]
     )
+
+
+def test_parameters_without_an_openai_form_are_named_not_forwarded(agw, upstream):
+    raw = client(agw).messages.with_raw_response.create(
+        model="auto",
+        max_tokens=8,
+        messages=[
+            {"role": "user", "content": "hi"},
+            {
+                "role": "assistant",
+                "content": [
+                    {"type": "thinking", "thinking": "let me think", "signature": "sig"},
+                    {"type": "text", "text": "hello"},
+                ],
+            },
+            {"role": "user", "content": "and now?"},
+        ],
+        thinking={"type": "enabled", "budget_tokens": 1024},
+        extra_body={"top_k": 5},
+    )
+    assert raw.headers["x-polyroute-ignored"] == "top_k,thinking"
+    [sent] = upstream.requests_for("cheap-model")
+    assert "top_k" not in sent and "thinking" not in sent and "reasoning_effort" not in sent
+    assert sent["messages"][1] == {"role": "assistant", "content": "hello"}
+
+
+def test_a_body_over_the_limit_is_413_request_too_large(gateway, upstream):
+    big = "x" * (70 * 1024)  # the session gateway takes 64 KiB
+    response = httpx.post(
+        gateway.url + "/v1/messages",
+        headers={"x-api-key": gateway.api_key},
+        json={"model": "auto", "max_tokens": 8, "messages": [{"role": "user", "content": big}]},
+    )
+    assert response.status_code == 413
+    assert response.json()["error"]["type"] == "request_too_large"
+    assert not upstream.requests
