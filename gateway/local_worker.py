@@ -83,6 +83,8 @@ def resolve_gguf(spec: str, models_dir: Path, progress: ProgressFn | None = None
 def prompt_format(spec: LocalServer) -> str:
     """How prompts are built, for the startup log."""
     if spec.template is not None:
+        if spec.chat_template == spec.template.source:
+            return f"chat template {spec.template.source}"
         return f"chat template {spec.chat_template!r} ({spec.template.source})"
     if spec.chat_format:
         return f"chat format {spec.chat_format!r}"
