@@ -221,9 +221,9 @@ def translate(body: CountTokensRequest) -> tuple[dict[str, Any], dict[str, str],
         for key in [k for k, v in message.items() if v is None]:
             del message[key]
     fields = ChatCompletionRequest.model_fields
-    dropped = sorted(k for k in chat if k not in fields)
-    if dropped:
-        log.debug("not forwarded from a Messages request: %s", dropped)
+    # what litellm made of the rest that the internal request does not carry (e.g. a web search tool's
+    # web_search_options): named back too
+    ignored += sorted(k for k in chat if k not in fields)
     chat = {k: v for k, v in chat.items() if k in fields}
     if user is not None:
         chat["user"] = str(user)
