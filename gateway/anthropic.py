@@ -306,7 +306,7 @@ class AnthropicWire(Wire):
 
     async def composed(self, response: Response) -> Response:
         """A workflow's OpenAI answer (JSON or SSE, already complete) rewritten for this API."""
-        headers = {k: v for k, v in response.headers.items() if k.startswith("x-polyroute-")}
+        headers = {k: v for k, v in response.headers.items() if k not in ("content-length", "content-type")}
         if response.status_code >= 400:
             body = orjson.loads(response.body)
             err = APIError(response.status_code, body["error"]["message"], code=body["error"].get("code"))

@@ -13,6 +13,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
+import hashlib
+import math
+import struct
 import time
 import uuid
 from collections import deque
@@ -45,7 +49,19 @@ class Behaviour:
     stream_usage: bool = True  # False: ignore stream_options.include_usage, as llama.cpp's server does
     context_window: int | None = None  # prompt words + max_tokens above this: OpenAI's (and llama.cpp's) 400
     finish_reason: str | None = None  # e.g. "length" (cut at max_tokens); None: "stop" or "tool_calls"
+    embedding_dimensions: int = 8  # /v1/embeddings: the vector size when the request sets no `dimensions`
     calls: int = field(default=0, repr=False)
+
+
+def fake_embedding(item: str | list[int], size: int) -> list[float]:
+    """The test upstream's vector for one input: deterministic, unit length, float32-exact."""
+    key = item if isinstance(item, str) else ",".join(map(str, item))
+    raw = []
+    for j in range(size):
+        digest = hashlib.sha256(f"{key}|{j}".encode()).digest()
+        raw.append(int.from_bytes(digest[:4], "little") / 2**31 - 1.0)
+    norm = math.sqrt(sum(x * x for x in raw)) or 1.0
+    return [struct.unpack("<f", struct.pack("<f", x / norm))[0] for x in raw]
 
 
 def _words(text: str) -> list[str]:
@@ -121,6 +137,8 @@ class FakeUpstream:
                 Route("/v1/chat/completions", self._chat, methods=["POST"]),
                 Route("/chat/completions", self._chat, methods=["POST"]),
                 Route("/v1/models", self._models, methods=["GET"]),
+                Route("/v1/embeddings", self._embeddings, methods=["POST"]),  # OpenAI's embeddings wire
+                Route("/embeddings", self._embeddings, methods=["POST"]),
                 Route("/v1/messages", self._messages, methods=["POST"]),  # Anthropic's wire
                 Route("/_control/behaviour", self._control_behaviour, methods=["POST"]),
                 Route("/_control/reset", self._control_reset, methods=["POST"]),
@@ -273,13 +291,19 @@ class FakeUpstream:
 
     # ---- Anthropic's Messages wire (workers with provider anthropic, called through litellm) -------
     async def _messages(self, request: Request) -> Response:
-        """The same behaviours, answered as Anthropic's API does (JSON, or its event stream)."""
+        """The same behaviours, answered as Anthropic's API does (JSON, or its event stream).
+
+        Only models given a behaviour (`behave`) exist here; any other is Anthropic's 404 for an
+        unknown model, and is not recorded: tests that call an anthropic worker without setting it
+        up still see nothing answer."""
         try:
             body = orjson.loads(await request.body())
         except orjson.JSONDecodeError:
             return JSONResponse(_anthropic_error("invalid_request_error", "bad json"), 400)
-        self.requests.append(body)
         model = str(body.get("model", ""))
+        if model not in self.behaviours:
+            return JSONResponse(_anthropic_error("not_found_error", f"model: {model}"), 404)
+        self.requests.append(body)
         behaviour = self._behaviour(model)
         behaviour.calls += 1
         if behaviour.latency_s:
@@ -364,6 +388,44 @@ class FakeUpstream:
             }
         )
         yield event({"type": "message_stop"})
+
+    # ---- OpenAI's embeddings wire (embedding workers called through litellm.aembedding) -----------
+    async def _embeddings(self, request: Request) -> Response:
+        """One deterministic unit vector per input (`fake_embedding`), `dimensions` honoured, float or
+        base64 (little-endian float32) as asked; usage counts words (a token array: its length)."""
+        try:
+            body = orjson.loads(await request.body())
+        except orjson.JSONDecodeError:
+            return JSONResponse({"error": {"message": "bad json", "type": "invalid_request_error"}}, 400)
+        self.requests.append(body)
+        model = str(body.get("model", ""))
+        behaviour = self._behaviour(model)
+        behaviour.calls += 1
+        if behaviour.latency_s:
+            await asyncio.sleep(behaviour.latency_s)
+        if behaviour.status and (behaviour.fail_times is None or behaviour.calls <= behaviour.fail_times):
+            error = {"message": f"fake upstream error {behaviour.status}", "type": "server_error"}
+            return JSONResponse({"error": error}, behaviour.status)
+        inputs = body.get("input")
+        if isinstance(inputs, str) or (inputs and all(isinstance(t, int) for t in inputs)):
+            inputs = [inputs]
+        if not inputs:
+            error = {"message": "'$.input' is invalid.", "type": "invalid_request_error", "param": None}
+            return JSONResponse({"error": error}, 400)
+        size = int(body.get("dimensions") or behaviour.embedding_dimensions)
+        data = []
+        for i, item in enumerate(inputs):
+            vector = fake_embedding(item, size)
+            if body.get("encoding_format") == "base64":
+                embedding: Any = base64.b64encode(struct.pack(f"<{size}f", *vector)).decode("ascii")
+            else:
+                embedding = vector
+            data.append({"object": "embedding", "index": i, "embedding": embedding})
+        tokens = behaviour.prompt_tokens or sum(
+            len(item) if isinstance(item, list) else max(1, len(str(item).split())) for item in inputs
+        )
+        usage = {"prompt_tokens": tokens, "total_tokens": tokens}
+        return JSONResponse({"object": "list", "data": data, "model": model, "usage": usage})
 
     # ---- control over HTTP (when the upstream runs as its own process) -------------------
     async def _control_behaviour(self, request: Request) -> Response:
