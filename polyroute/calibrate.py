@@ -48,6 +48,7 @@ from typing import Any
 
 from policies import (
     Catalog,
+    Kind,
     PolicyRequest,
     PolicyRequestError,
     Spend,
@@ -147,7 +148,7 @@ def choose_workers(
             )
         chosen = [catalog.get(n) for n in names]
     else:
-        chosen = list(catalog.workers)
+        chosen = list(catalog.of_kind(Kind.chat))  # probes are chat prompts: embedding workers sit out
     workers: list[Worker] = []
     unavailable: dict[str, str] = {}
     for worker in chosen:
