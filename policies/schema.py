@@ -177,6 +177,14 @@ class Preferences(Strict):
     )
 
 
+class EmbeddingAlias(Strict):
+    """An alias that names one embedding worker: vector spaces differ, so an embeddings alias is a
+    fixed worker, not a pool (written in `aliases` as `{worker: ..., description: ...}`)."""
+
+    worker: Name = Field(description="the embedding worker of the catalog this alias sends requests to")
+    description: str = ""
+
+
 class Policy(Strict):
     version: str | int = Field(description="the operator's label; the effective version adds a content hash")
     data_classes: tuple[str, ...] = Field(
@@ -192,9 +200,34 @@ class Policy(Strict):
 
     detection: Detection = Detection()
     tenants: dict[str, Tenant] = Field(default_factory=dict)
-    aliases: dict[Name, str] = Field(default_factory=dict, description="alias -> description")
+    aliases: dict[Name, str] = Field(
+        default_factory=dict, description="alias -> description: auto, narrowed by the rules scoped to it"
+    )
+    embedding_aliases: dict[Name, EmbeddingAlias] = Field(
+        default_factory=dict,
+        description="alias -> one embedding worker (/v1/embeddings); the entries of `aliases` written as "
+        "{worker: ..., description: ...} land here",
+    )
     rules: tuple[Rule, ...] = ()
     preferences: Preferences = Preferences()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _split_aliases(cls, data: object) -> object:
+        """`aliases` entries that name a worker ({worker: ...}) are embedding aliases: chat requests
+        never see them (a chat alias is auto narrowed by rules, an embeddings alias one fixed worker)."""
+        if not isinstance(data, dict) or not isinstance(data.get("aliases"), dict):
+            return data
+        named = {k: v for k, v in data["aliases"].items() if isinstance(v, dict)}
+        if not named:
+            return data
+        embedding = data.get("embedding_aliases")
+        embedding = dict(embedding) if isinstance(embedding, dict) else {}
+        twice = sorted(set(named) & set(embedding))
+        if twice:
+            raise ValueError(f"aliases {twice} are set both in aliases and in embedding_aliases")
+        chat = {k: v for k, v in data["aliases"].items() if k not in named}
+        return {**data, "aliases": chat, "embedding_aliases": {**embedding, **named}}
 
     @field_validator("data_classes")
     @classmethod
@@ -235,6 +268,8 @@ class Policy(Strict):
             for data_class in rule.when.data_classes:
                 if data_class not in known:
                     problems.append(f"rule {rule.id}: unknown data class {data_class!r}")
+        for name in sorted(set(self.aliases) & set(self.embedding_aliases)):
+            problems.append(f"alias {name!r} is both a chat alias and an embedding alias")
         problems += self._unknown_jurisdictions()
         if problems:
             raise ValueError("; ".join(problems))
