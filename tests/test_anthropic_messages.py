@@ -605,3 +605,30 @@ def test_a_body_over_the_limit_is_413_request_too_large(gateway, upstream):
     assert response.status_code == 413
     assert response.json()["error"]["type"] == "request_too_large"
     assert not upstream.requests
+
+
+def test_a_client_that_hangs_up_mid_stream_pays_for_what_was_streamed(agw, upstream):
+    """The pipeline's streamed billing holds on Anthropic's event stream too: 499, counted here."""
+    long_text = " ".join(f"word{i}" for i in range(100))
+    upstream.behave("cheap-model", text=long_text, chunk_delay_s=0.05, stream_usage=False)
+    received = 0
+    with httpx.Client(timeout=60) as http:
+        with http.stream(
+            "POST",
+            agw.url + "/v1/messages",
+            headers={"x-api-key": agw.api_key},
+            json={"model": "auto", "max_tokens": 200, "messages": HELLO, "stream": True},
+        ) as response:
+            assert response.status_code == 200
+            request_id = response.headers["x-polyroute-request-id"]
+            for line in response.iter_lines():
+                if line.startswith("data:") and '"text_delta"' in line:
+                    received += 1
+                    if received == 10:
+                        break  # hang up: leaving the block closes the connection mid-stream
+    record = ledger_record(agw, request_id)
+    assert record["status"] == 499 and record["trace"]["stream"] == "client_disconnected"
+    assert record["trace"]["usage"] == "estimated"
+    whole = litellm.token_counter(model="openai/cheap-model", text=long_text)
+    assert received <= record["completion_tokens"] < whole  # what was streamed, not the whole answer
+    assert record["cost_micros"] > 0
