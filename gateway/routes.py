@@ -14,18 +14,20 @@ from gateway import anthropic
 from gateway.body import heavy_if, is_large, read_body, read_model
 from gateway.collections import router as collections_router
 from gateway.completions import chat_completions
+from gateway.embeddings import embeddings, model_cards
 from gateway.errors import APIError, JSONResponse
 from gateway.keys import KeyNotFound
 from gateway.ledger import FeedbackRecord
 from gateway.state import AppState
 from gateway.store import StoreUnavailable
-from policies import PolicyError, PolicyRequest, PolicyRequestError, Spend, Worker
+from policies import Kind, PolicyError, PolicyRequest, PolicyRequestError, Spend, Worker
 from router import list_versions
 
 router = APIRouter()
 router.add_api_route("/v1/chat/completions", chat_completions, methods=["POST"], include_in_schema=True)
 router.add_api_route("/v1/messages", anthropic.messages, methods=["POST"])  # Anthropic Messages
 router.add_api_route("/v1/messages/count_tokens", anthropic.count_tokens, methods=["POST"])
+router.add_api_route("/v1/embeddings", embeddings, methods=["POST"])  # gateway/embeddings.py
 router.include_router(collections_router)  # /v1/collections (retrieval, gateway/collections.py)
 
 
@@ -108,11 +110,12 @@ async def list_models(request: Request) -> JSONResponse:
                 "polyroute": {"alias": True, "description": description, "available": bool(admission.pool)},
             }
         )
-    for worker in state.catalog.workers:
+    for worker in state.catalog.of_kind(Kind.chat):
         exclusion = admission.exclusion_for(worker.name)
         data.append(
             worker_card(worker, exclusion.reason if exclusion else None, state.client.retries_for(worker))
         )
+    data += model_cards(state, engine)  # embedding workers and aliases (/v1/embeddings)
     return JSONResponse({"object": "list", "data": data})
 
 
@@ -408,5 +411,5 @@ def _router_basis(state: AppState) -> dict[str, dict]:
     router = state.router.current
     basis = getattr(router, "basis", None)
     if basis is None:
-        return {w.name: {"basis": "rules"} for w in state.catalog.workers}
-    return {w.name: basis(w) for w in state.catalog.workers}
+        return {w.name: {"basis": "rules"} for w in state.catalog.of_kind(Kind.chat)}
+    return {w.name: basis(w) for w in state.catalog.of_kind(Kind.chat)}
