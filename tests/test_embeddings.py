@@ -50,6 +50,7 @@ POLICY = {
     "tenants": {
         "tight": {"budget": {"daily_usd": 0.00005}},  # 50 micro-dollars
         "limited": {"rate_limit": {"rpm": 1}},
+        "broke": {"budget": {"daily_usd": 0}},
     },
 }
 
@@ -103,7 +104,7 @@ def egw(upstream, tmp_path_factory):
     catalog = parse_catalog(catalog_yaml_for(upstream.url) + embedding_workers(upstream.url), "test catalog")
     gw = start_gateway(catalog, data_dir, policy_file=policy_file)
     store = gw.state.auth.store
-    gw.keys = {tenant: store.create(tenant, "test key")[1] for tenant in ("tight", "limited")}
+    gw.keys = {tenant: store.create(tenant, "test key")[1] for tenant in ("tight", "limited", "broke")}
     yield gw
     gw.server.stop()
 
@@ -237,6 +238,13 @@ def test_chat_models_and_chat_aliases_do_not_embed(egw, upstream):
     for model in ("cheap", "batch"):
         response = post(egw, {"model": model, "input": "hello"})
         assert response.status_code == 400 and response.json()["error"]["code"] == "model_not_embedding"
+    for model in ("house", STATIC):  # and chat does not know embeddings aliases or workers
+        chat = httpx.post(
+            egw.v1 + "/chat/completions",
+            headers=egw.auth(),
+            json={"model": model, "messages": [{"role": "user", "content": "hi"}]},
+        )
+        assert chat.status_code == 404 and chat.json()["error"]["code"] == "model_not_found"
     missing = post(egw, {"model": "no-such-model", "input": "hello"})
     assert missing.status_code == 404 and STATIC in missing.json()["error"]["message"]
     assert not upstream.requests
@@ -359,6 +367,14 @@ def test_budgets_hold_under_concurrent_requests(egw, upstream):
         if '"tenant":"tight"' in line
     ]
     assert sum(r["cost_micros"] for r in records) <= 50
+
+
+def test_a_free_worker_stays_usable_when_the_budget_is_spent(egw, upstream):
+    key = egw.keys["broke"]
+    assert post(egw, {"model": STATIC, "input": "still free"}, key).status_code == 200
+    priced = post(egw, {"model": REMOTE, "input": "costs money"}, key)
+    assert priced.status_code == 403 and "budget" in priced.json()["error"]["message"]
+    assert not upstream.requests
 
 
 def test_rate_limits_apply(egw, upstream):
