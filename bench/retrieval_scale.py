@@ -155,7 +155,7 @@ def main() -> None:
     parser.add_argument(
         "--memory-max",
         type=int,
-        default=100_000,
+        default=10_000,
         help="qdrant-client in-memory mode (brute force): not run above this",
     )
     parser.add_argument(
