@@ -36,6 +36,7 @@ from retrieval import (
     InvalidName,
     RetrievalConfig,
     Retriever,
+    ShardLocked,
     check_name,
     extract,
 )
@@ -96,6 +97,8 @@ async def _collection(request: Request, tenant: str, name: str, create: bool = F
         return await asyncio.to_thread(store.get, tenant, checked, create=create)
     except CollectionNotFound:
         raise _not_found(name) from None
+    except ShardLocked as exc:  # another process owns this data dir's shard
+        raise APIError(503, str(exc), type="server_error", code="collection_locked") from None
 
 
 class DocumentIn(BaseModel):

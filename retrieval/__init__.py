@@ -1,12 +1,14 @@
-"""retrieval/: hybrid search (BM25 first, dense second) and progressive-disclosure memory.
+"""retrieval/: hybrid search inside Qdrant (BM25 first, dense second) and progressive-disclosure memory.
 
 Imports neither gateway nor router. The public surface:
 - `Retriever(RetrievalConfig)`: the collections of one data dir, per tenant (`get`, `names`, `drop`);
-  a `Collection` ingests, deletes and searches (`bm25_dense`, `rrf`, `bm25`, `dense`).
+  a `Collection` ingests, deletes and searches (`bm25_dense`, `rrf`, `bm25`, `dense`), all in one
+  Qdrant collection (embedded Qdrant Edge shard, or a server at QDRANT_URL: `retrieval.engine`).
 - `recall(...)` → `MemoryContext`: layer 0/1 for a query, `expand(handle, level)` for more.
 - `extract(name, bytes)`: text of a .txt/.md/.pdf/.html file.
 """
 
+from retrieval.engine import ShardLocked
 from retrieval.memory import TEXT_DIRECTIVE, TOOL_NAME, TOOL_SPEC, MemoryContext, parse_directive, recall
 from retrieval.store import (
     MODES,
@@ -41,6 +43,7 @@ __all__ = [
     "MemoryContext",
     "RetrievalConfig",
     "Retriever",
+    "ShardLocked",
     "check_name",
     "extract",
     "parse_directive",

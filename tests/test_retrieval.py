@@ -480,6 +480,22 @@ def test_http_ingest_search_delete(rgw: Gateway):
         )
 
 
+def test_http_a_held_shard_is_a_clear_503(rgw: Gateway):
+    """A collection whose embedded shard another owner holds: 503 naming the cause, nothing written."""
+    holder = Retriever(RetrievalConfig(root=rgw.data_dir / "retrieval", embedder="minilm-static"))
+    try:
+        holder.get("acme", "held", create=True).ingest([DocumentInput("tea", CORPUS[4][1])])
+        with httpx.Client(base_url=rgw.url, headers=rgw.auth(), timeout=60) as http:
+            r = http.post("/v1/collections/held/documents", json={"documents": [{"id": "x", "text": "new"}]})
+            assert r.status_code == 503 and r.json()["error"]["code"] == "collection_locked", r.text
+            assert "held by another process" in r.json()["error"]["message"]
+        assert holder.get("acme", "held").stats()["documents"] == 1
+    finally:
+        holder.close()
+    with httpx.Client(base_url=rgw.url, headers=rgw.auth(), timeout=60) as http:  # released: it opens
+        assert http.get("/v1/collections/held").json()["documents"] == 1
+
+
 def test_http_empty_collection_and_unicode(rgw: Gateway):
     with httpx.Client(base_url=rgw.url, headers=rgw.auth(), timeout=60) as http:
         http.post("/v1/collections/uni/documents", json={"documents": [{"id": "x", "text": "placeholder"}]})
