@@ -20,7 +20,7 @@ Search modes (each one Qdrant query):
 - ``bm25_dense`` (default): BM25 top-`candidates` (a prefetch), then a second stage over exactly
   those chunks that combines lexical and dense evidence (`Fusion`, tuned on SciFact train:
   `docs/retrieval-engine.md`). When BM25 matches fewer than k chunks, dense neighbours fill the
-  rest (a second query, only then).
+  rest (a second query, only then), scored by the same formula with BM25 = 0 (their cosine).
 - ``rrf``: dense top-`candidates` and BM25 top-`candidates`, reciprocal-rank fusion (k = `Fusion.rrf_k`, tuned: 2).
 """
 
@@ -454,23 +454,22 @@ class Collection:
         tokens = tokenize(query)
         sparse = bm25_query(tokens) if tokens else None
         vector = self.embedder.encode_query(normalize(query)) if mode != "bm25" else None
-        if mode in ("bm25", "bm25_dense", "rrf") and sparse is None and mode != "rrf":
+        payload = ["doc", "ver", "idx"] + (["text", "title"] if details else [])
+        if sparse is None and mode in ("bm25", "bm25_dense"):
             found = []  # no query term: BM25 matches nothing
         else:
-            payload = ["doc", "ver", "idx"] + (["text", "title"] if details else [])
             run_mode = "dense" if mode == "rrf" and sparse is None else mode
             found = self.engine.query(
                 QuerySpec(run_mode, k, pool, sparse, vector, config.fusion, payload, with_dense=details)
             )
         fill = mode == "bm25_dense" and len(found) < k
+        lexical_ids: set[str] = set()
         if fill:  # too few lexical matches (vocabulary mismatch): dense neighbours fill the rest
-            payload = ["doc", "ver", "idx"] + (["text", "title"] if details else [])
-            seen = {p.id for p in found}
+            lexical_ids = {p.id for p in found}
             extra = self.engine.query(
                 QuerySpec("dense", k, pool, None, vector, config.fusion, payload, details)
             )
-            lexical_ids = {p.id for p in found}
-            found = found + [p for p in extra if p.id not in seen][: k - len(found)]
+            found = found + [p for p in extra if p.id not in lexical_ids][: k - len(found)]
         found = self._visible(found)
         bm25_scores: dict[str, float] = {}
         if details and found and sparse is not None and mode != "bm25":
@@ -491,11 +490,12 @@ class Collection:
             )
             if mode == "dense":
                 dense = p.score
-            lexical = bm25_scores.get(p.id, 0.0) if details else (p.score if mode == "bm25" else None)
-            score = p.score
-            if fill and p.id not in lexical_ids:
-                score = dense if dense is not None else p.score
-            out.append((p.payload, score, lexical, dense))
+            lexical = bm25_scores.get(p.id, 0.0) if details else None
+            # a filled-in chunk has no BM25 score: the formula gives it its cosine (p.score, from
+            # the dense query), and the list is ordered by the formula over all of them
+            out.append((p.payload, p.score, lexical, dense))
+        if fill and config.fusion.kind == "formula":
+            out.sort(key=lambda item: -item[1])
         return out
 
     def _visible(self, found):
