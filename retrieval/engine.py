@@ -151,7 +151,9 @@ class Engine:
 
     mode: str
 
-    def upsert(self, points: list[PointData]) -> None: ...
+    def upsert(self, points: list[PointData], atomic: bool = False) -> None:
+        """Write points; `atomic`: as one operation where the engine can (the commit of a batch)."""
+
     def delete_ids(self, ids: list[str]) -> None: ...
     def delete_chunks(self, doc_ids: list[str], keep_vers: list[str] | None = None) -> None: ...
     def retrieve(self, ids: list[str], payload: list[str] | bool = True) -> dict[str, dict[str, Any]]: ...
@@ -226,11 +228,12 @@ class EdgeEngine(Engine):
             raise
 
     # writes
-    def upsert(self, points: list[PointData]) -> None:
+    def upsert(self, points: list[PointData], atomic: bool = False) -> None:
         q = self.q
-        for start in range(0, len(points), UPSERT_BATCH):
+        step = max(1, len(points)) if atomic else UPSERT_BATCH  # one WAL operation: all or none
+        for start in range(0, len(points), step):
             batch = []
-            for p in points[start : start + UPSERT_BATCH]:
+            for p in points[start : start + step]:
                 vector: dict[str, Any] = {}
                 if p.dense is not None:
                     vector[DENSE] = p.dense.tolist()
@@ -389,7 +392,9 @@ class ClientEngine(Engine):
         match = m.MatchAny(any=values) if len(values) != 1 else m.MatchValue(value=values[0])
         return m.FieldCondition(key=key, match=match)
 
-    def upsert(self, points: list[PointData]) -> None:
+    def upsert(self, points: list[PointData], atomic: bool = False) -> None:
+        # a server caps a request's size (32 MB by default): records holding whole documents go in
+        # batches of UPSERT_BATCH even for a commit, so one request is atomic, a large batch is not
         m = self.m
         for start in range(0, len(points), UPSERT_BATCH):
             batch = []

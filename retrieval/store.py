@@ -324,7 +324,8 @@ class Collection:
                         },
                     )
                     for doc, digest, chunks in todo
-                ]
+                ],
+                atomic=True,
             )  # the commit
             self.engine.delete_chunks(
                 [doc.id for doc, _, _ in todo], [version_of(doc.id, digest) for doc, digest, _ in todo]
