@@ -2,9 +2,10 @@
 
 The first layout kept every document's full text, title and metadata in `docs.sqlite`, the source
 of truth for what the collection held; the BM25 files and the local-mode vectors were derived from
-it. Migration re-ingests those documents into the collection's Qdrant Edge shard (chunked,
-embedded and BM25-indexed exactly as a fresh ingest), then moves the old files into
-`legacy-v1/` beside the shard (nothing is deleted) and only then marks the collection as migrated.
+it. Migration re-ingests those documents into the collection's Qdrant Edge shard, or with QDRANT_URL
+into the shared server collection (chunked, embedded and BM25-indexed exactly as a fresh ingest:
+with several replicas, each one's copy is merged in), then moves the old files into `legacy-v1/`
+(nothing is deleted) and only then marks the collection as migrated.
 A crash part-way leaves the old files and the old `meta.json` in place: the next open migrates
 again, and the documents already written come back `unchanged`.
 """
@@ -60,7 +61,7 @@ def migrate_collection(collection: Collection, progress: Callable[[int, int], No
         if (directory / name).exists():
             (directory / name).replace(legacy / name)
     collection.meta["layout"] = LAYOUT
-    collection.meta["engine"] = "qdrant-edge"
+    collection.meta["engine"] = collection.retriever.engine_name
     collection.meta["migrated"] = {"documents": len(docs), "seconds": round(time.perf_counter() - started, 2)}
     collection.retriever._save_meta(collection)
     return len(docs)

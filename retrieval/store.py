@@ -512,8 +512,11 @@ class Collection:
         self.engine.close()
 
 
+QDRANT_PREFIX = "pr2."  # the first layout's vector-only server collections were "pr.<tenant>.<name>"
+
+
 def qdrant_name(tenant: str, name: str) -> str:
-    return f"pr.{tenant_dir(tenant)}.{name}"
+    return f"{QDRANT_PREFIX}{tenant_dir(tenant)}.{name}"
 
 
 class Retriever:
@@ -576,7 +579,8 @@ class Retriever:
             pool = self.pool
             if pool is not None:
                 qname = qdrant_name(tenant, name)
-                if not pool.exists(qname) and not create:
+                legacy_dir = self._legacy(tenant, name)
+                if not pool.exists(qname) and not create and legacy_dir is None:
                     raise CollectionNotFound(name)
                 meta = self._new_meta(tenant, name)
                 engine = pool.engine(qname, self._dim(meta["embedder"]))
@@ -586,6 +590,10 @@ class Retriever:
                 )
                 if stored is None:
                     self._save_meta(collection)
+                if legacy_dir is not None:  # this replica's first-layout copy: into the shared collection
+                    from retrieval.migrate import migrate_collection
+
+                    migrate_collection(collection, self.config.migration_progress)
             else:
                 meta_path = directory / "meta.json"
                 if meta_path.exists():
@@ -609,15 +617,31 @@ class Retriever:
             self._open[(tenant, name)] = collection
             return collection
 
+    def _legacy(self, tenant: str, name: str) -> Path | None:
+        """The directory of a first-layout collection of this name on this replica's disk, if any."""
+        directory = self._dir(tenant, name)
+        if not (directory / "docs.sqlite").exists() or not (directory / "meta.json").exists():
+            return None
+        meta = orjson.loads((directory / "meta.json").read_bytes())
+        return directory if meta.get("layout", 1) < LAYOUT else None
+
     def exists(self, tenant: str, name: str) -> bool:
         if self.pool is not None:
-            return (tenant, name) in self._open or self.pool.exists(qdrant_name(tenant, name))
+            return (
+                (tenant, name) in self._open
+                or self.pool.exists(qdrant_name(tenant, name))
+                or self._legacy(tenant, name) is not None
+            )
         return (self._dir(tenant, name) / "meta.json").exists()
 
     def names(self, tenant: str, sessions: bool = False) -> list[str]:
         if self.pool is not None:
-            prefix = f"pr.{tenant_dir(tenant)}."
+            prefix = f"{QDRANT_PREFIX}{tenant_dir(tenant)}."
             found = [n[len(prefix) :] for n in self.pool.names(prefix)]
+            base = self.config.root / "tenants" / tenant_dir(tenant)
+            if base.is_dir():  # first-layout collections not migrated yet (they migrate when opened)
+                found += [p.name for p in base.iterdir() if self._legacy(tenant, p.name) is not None]
+            found = list(set(found))
         else:
             base = self.config.root / "tenants" / tenant_dir(tenant)
             found = [p.name for p in base.iterdir() if (p / "meta.json").exists()] if base.is_dir() else []
@@ -629,8 +653,12 @@ class Retriever:
             collection = self._open.pop((tenant, name), None)
             if self.pool is not None:
                 qname = qdrant_name(tenant, name)
+                legacy = self._legacy(tenant, name)
+                if legacy is not None:  # never migrated: its first-layout files go too
+                    (legacy / "meta.json").unlink(missing_ok=True)
+                    shutil.rmtree(legacy, ignore_errors=True)
                 if collection is None and not self.pool.exists(qname):
-                    return False
+                    return legacy is not None
                 (collection.engine if collection else self.pool.engine(qname, 1)).drop()
                 return True
             directory = self._dir(tenant, name)

@@ -333,12 +333,15 @@ def _first_layout(directory: Path, docs: list[tuple[str, str, str]]) -> None:
     (directory / "bm25.npz").write_bytes(b"old snapshot")
 
 
-def test_first_layout_is_migrated_on_open_and_nothing_is_lost(tmp_path):
+@pytest.mark.parametrize("engine", ["edge", "memory"])
+def test_first_layout_is_migrated_on_open_and_nothing_is_lost(tmp_path, engine):
+    """Embedded: into the collection's shard. With QDRANT_URL (in-memory here): this replica's copy
+    goes into the shared server collection."""
     docs = [(k, k.title(), t) for k, t in CORPUS]
     directory = tmp_path / "retrieval" / "tenants" / "acme" / "old"
     _first_layout(directory, docs)
     seen: list[tuple[int, int]] = []
-    r = make_retriever(tmp_path, migration_progress=lambda done, total: seen.append((done, total)))
+    r = make_retriever(tmp_path, engine, migration_progress=lambda done, total: seen.append((done, total)))
     try:
         assert r.names("acme") == ["old"]
         collection = r.get("acme", "old")
@@ -349,6 +352,15 @@ def test_first_layout_is_migrated_on_open_and_nothing_is_lost(tmp_path):
             assert (record.title, record.text, record.metadata) == (title, text, {"source": doc_id})
         assert collection.search("green tea leaves", 1, "bm25_dense")[0].document_id == "tea"
         assert (directory / "legacy-v1" / "docs.sqlite").exists() and not (directory / "docs.sqlite").exists()
+        assert r.names("acme") == ["old"] and r.exists("acme", "old")
+        if engine == "memory":  # the data lives in the client: check there is no second migration
+            r._open.clear()
+            assert r.get("acme", "old").stats()["documents"] == len(docs) and seen[-1] == (
+                len(docs),
+                len(docs),
+            )
+            assert len(seen) == len(set(seen))
+            return
         assert json.loads((directory / "meta.json").read_text())["layout"] == 2
     finally:
         r.close()
