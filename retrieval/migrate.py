@@ -37,7 +37,16 @@ def legacy_documents(directory: Path) -> list[tuple[str, str, str, dict]]:
         rows = db.execute("SELECT id, title, text, metadata FROM docs ORDER BY id").fetchall()
     finally:
         db.close()
-    return [(r[0], r[1] or "", r[2] or "", orjson.loads(r[3] or "{}")) for r in rows]
+    out = []
+    for doc_id, title, text, metadata in rows:
+        try:
+            meta = orjson.loads(metadata or "{}")
+        except orjson.JSONDecodeError:
+            meta = {"legacy_metadata": metadata}  # kept as it was, not dropped
+        out.append(
+            (doc_id, title or "", text or "", meta if isinstance(meta, dict) else {"legacy_metadata": meta})
+        )
+    return out
 
 
 def migrate_collection(collection: Collection, progress: Callable[[int, int], None] | None = None) -> int:
@@ -49,22 +58,38 @@ def migrate_collection(collection: Collection, progress: Callable[[int, int], No
     started = time.perf_counter()
     if progress is None:
         progress = _default_progress(f"{collection.tenant}/{collection.name}")
-    for start in range(0, len(docs), BATCH):
-        batch = docs[start : start + BATCH]
-        collection.ingest([DocumentInput(i, text, title or None, meta) for i, title, text, meta in batch])
-        progress(min(start + BATCH, len(docs)), len(docs))
-    if collection.engine.count("doc") < len(docs):  # never drop the old files unless all arrived
+    valid, skipped = [], []
+    for doc_id, title, text, meta in docs:
+        doc = DocumentInput(doc_id, text, title or None, meta)
+        try:
+            collection.prepare(doc)
+        except ValueError as exc:  # cannot be indexed (the first layout would have refused it too)
+            skipped.append({"id": doc_id, "reason": str(exc)})
+            continue
+        valid.append(doc)
+    for start in range(0, len(valid), BATCH):
+        collection.ingest(valid[start : start + BATCH])
+        progress(min(start + BATCH, len(valid)), len(valid))
+    if not valid:
+        progress(0, 0)
+    if collection.engine.count("doc") < len(valid):  # never move the old files unless all arrived
         raise RuntimeError(f"migration of {directory} is incomplete; the old files are kept")
     legacy = directory / "legacy-v1"
     legacy.mkdir(exist_ok=True)
+    if skipped:  # listed beside the old files, which keep their text
+        (legacy / "skipped.json").write_bytes(orjson.dumps(skipped, option=orjson.OPT_INDENT_2))
     for name in LEGACY_FILES:
         if (directory / name).exists():
             (directory / name).replace(legacy / name)
     collection.meta["layout"] = LAYOUT
     collection.meta["engine"] = collection.retriever.engine_name
-    collection.meta["migrated"] = {"documents": len(docs), "seconds": round(time.perf_counter() - started, 2)}
+    collection.meta["migrated"] = {
+        "documents": len(valid),
+        "skipped": len(skipped),
+        "seconds": round(time.perf_counter() - started, 2),
+    }
     collection.retriever._save_meta(collection)
-    return len(docs)
+    return len(valid)
 
 
 def _default_progress(label: str) -> Callable[[int, int], None]:

@@ -608,12 +608,16 @@ class Retriever:
                     directory, self._dim(meta["embedder"]), search_threads=self.config.search_threads
                 )
                 collection = Collection(self, tenant, name, directory, meta, engine)
-                if legacy:
-                    from retrieval.migrate import migrate_collection
+                try:
+                    if legacy:
+                        from retrieval.migrate import migrate_collection
 
-                    migrate_collection(collection, self.config.migration_progress)
-                elif not meta_path.exists():
-                    self._save_meta(collection)  # the collection exists from here on
+                        migrate_collection(collection, self.config.migration_progress)
+                    elif not meta_path.exists():
+                        self._save_meta(collection)  # the collection exists from here on
+                except BaseException:
+                    engine.close()  # release the shard: the next open tries again
+                    raise
             self._open[(tenant, name)] = collection
             return collection
 

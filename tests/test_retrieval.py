@@ -337,9 +337,19 @@ def _first_layout(directory: Path, docs: list[tuple[str, str, str]]) -> None:
 def test_first_layout_is_migrated_on_open_and_nothing_is_lost(tmp_path, engine):
     """Embedded: into the collection's shard. With QDRANT_URL (in-memory here): this replica's copy
     goes into the shared server collection."""
+    import sqlite3
+
     docs = [(k, k.title(), t) for k, t in CORPUS]
     directory = tmp_path / "retrieval" / "tenants" / "acme" / "old"
     _first_layout(directory, docs)
+    db = sqlite3.connect(directory / "docs.sqlite")  # rows a crash or a bug could have left
+    db.execute("INSERT INTO docs VALUES ('blank', '', '', '   ', 'h', 0, '{}', 1.0)")
+    db.execute(
+        "INSERT INTO docs VALUES ('badmeta', 'Bad', '', 'Text about odd metadata.', 'h', 1, '{no', 1.0)"
+    )
+    db.commit()
+    db.close()
+    docs.append(("badmeta", "Bad", "Text about odd metadata."))
     seen: list[tuple[int, int]] = []
     r = make_retriever(tmp_path, engine, migration_progress=lambda done, total: seen.append((done, total)))
     try:
@@ -347,9 +357,12 @@ def test_first_layout_is_migrated_on_open_and_nothing_is_lost(tmp_path, engine):
         collection = r.get("acme", "old")
         assert seen[-1] == (len(docs), len(docs))
         assert collection.stats()["documents"] == len(docs)
-        for doc_id, title, text in docs:
+        for doc_id, title, text in docs[:-1]:
             record = collection.document(doc_id)
             assert (record.title, record.text, record.metadata) == (title, text, {"source": doc_id})
+        assert collection.document("badmeta").metadata == {"legacy_metadata": "{no"}  # kept, not dropped
+        assert collection.document("blank") is None  # no text: listed, and still in the old files
+        assert "blank" in (directory / "legacy-v1" / "skipped.json").read_text()
         assert collection.search("green tea leaves", 1, "bm25_dense")[0].document_id == "tea"
         assert (directory / "legacy-v1" / "docs.sqlite").exists() and not (directory / "docs.sqlite").exists()
         assert r.names("acme") == ["old"] and r.exists("acme", "old")
@@ -369,6 +382,23 @@ def test_first_layout_is_migrated_on_open_and_nothing_is_lost(tmp_path, engine):
         assert again.get("acme", "old").stats()["documents"] == len(docs) and (-1, -1) not in seen
     finally:
         again.close()
+
+
+def test_a_failed_migration_keeps_the_old_files_and_can_be_retried(tmp_path):
+    import sqlite3
+
+    directory = tmp_path / "retrieval" / "tenants" / "acme" / "old"
+    _first_layout(directory, [("tea", "Tea", CORPUS[4][1])])
+    (directory / "docs.sqlite").write_bytes(b"this is not a database")
+    r = make_retriever(tmp_path)
+    try:
+        for _ in range(2):  # the second open fails the same way: the shard was released, not held
+            with pytest.raises(sqlite3.DatabaseError):
+                r.get("acme", "old")
+        assert (directory / "docs.sqlite").read_bytes() == b"this is not a database"
+        assert "layout" not in json.loads((directory / "meta.json").read_text())
+    finally:
+        r.close()
 
 
 # ------------------------------------------------------------------------------ files
