@@ -62,6 +62,10 @@ class Wire:
     errors are written. This one is OpenAI chat completions; gateway/anthropic.py reads and writes
     Anthropic Messages. Between the two ends every request runs the same pipeline (`serve`)."""
 
+    def authenticated(self, tenant: str) -> None:
+        """The request's tenant, known before the body is read (a wire that reads the tenant's stored
+        state, as gateway/responses.py does for previous_response_id, keeps it)."""
+
     async def read(self, request: Request, state: AppState) -> ChatCompletionRequest:
         return await read_model(request, ChatCompletionRequest, state.settings.max_body_bytes)
 
@@ -594,6 +598,7 @@ async def serve(request: Request, wire: Wire) -> Response:
     engine = state.policy.engine  # one policy snapshot for the whole decision, even if a reload lands now
     try:
         key = await state.auth.client(request)
+        wire.authenticated(key.tenant)
         chat = await wire.read(request, state)
         tenant = engine.policy.tenants.get(key.tenant) if engine is not None else None
         rate = tenant.rate_limit if tenant is not None else None

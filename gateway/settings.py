@@ -71,6 +71,13 @@ class Settings(BaseModel):
         50_000, ge=100, description="ledger records kept in memory while Redis is unreachable"
     )
     store_flush_interval_s: float = Field(0.2, gt=0, description="how often buffered ledger/spend is sent")
+    responses_ttl_s: float = Field(
+        30 * 86_400,
+        gt=0,
+        le=366 * 86_400,
+        description="how long a stored response (POST /v1/responses, store: true) can be retrieved and "
+        "continued with previous_response_id",
+    )
     compose_auto: bool = Field(True, description="let a learned router choose a cascade under model=auto")
     compose_max_cost_usd: float = Field(
         0.10, gt=0, description="a workflow's cost ceiling (metadata.max_cost_usd lowers it)"
