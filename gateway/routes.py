@@ -10,7 +10,7 @@ from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from starlette.responses import Response
 
-from gateway import anthropic
+from gateway import anthropic, responses
 from gateway.body import heavy_if, is_large, read_body, read_model
 from gateway.collections import router as collections_router
 from gateway.completions import chat_completions
@@ -28,6 +28,9 @@ router.add_api_route("/v1/chat/completions", chat_completions, methods=["POST"],
 router.add_api_route("/v1/messages", anthropic.messages, methods=["POST"])  # Anthropic Messages
 router.add_api_route("/v1/messages/count_tokens", anthropic.count_tokens, methods=["POST"])
 router.add_api_route("/v1/embeddings", embeddings, methods=["POST"])  # gateway/embeddings.py
+router.add_api_route("/v1/responses", responses.create, methods=["POST"])  # OpenAI Responses
+router.add_api_route("/v1/responses/{response_id}", responses.retrieve, methods=["GET"])
+router.add_api_route("/v1/responses/{response_id}", responses.delete, methods=["DELETE"])
 router.include_router(collections_router)  # /v1/collections (retrieval, gateway/collections.py)
 
 
