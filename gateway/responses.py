@@ -350,7 +350,13 @@ class ResponsesWire(Wire):
         self.items = context + input_items(body)
         self.params = bridge_params(body)
         chat, self.ignored = await heavy_if(is_large(request), translate, body, self.items, self.params)
-        return await heavy_if(is_large(request), validate, ChatCompletionRequest, chat)
+        try:
+            return await heavy_if(is_large(request), validate, ChatCompletionRequest, chat)
+        except APIError as err:  # named as this API names it: the messages came from input
+            if err.param and err.param.startswith("messages"):
+                err.message = err.message.replace(err.param, "input (as chat messages: " + err.param + ")")
+                err.param = "input"
+            raise
 
     # ---- the response object -------------------------------------------------------------------
     def envelope(self, status: str, output: list, usage: dict | None, model: str, **extra: Any) -> dict:

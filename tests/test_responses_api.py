@@ -593,3 +593,118 @@ def test_a_cached_answer_is_written_in_responses_shape(rgw, upstream):
     assert second.parse().output_text == "cached answer"
     assert len(upstream.requests_for("cheap-model")) == 1
     assert sdk.responses.retrieve(second.parse().id).output_text == "cached answer"
+
+
+def test_rate_limit_is_429(rgw, upstream):
+    _, key = rgw.state.auth.store.create("acme", "one a minute", rpm=1)
+    sdk = client(rgw, key)
+    sdk.responses.create(model="auto", input="hi")
+    with pytest.raises(openai.RateLimitError) as caught:
+        sdk.responses.create(model="auto", input="hi")
+    assert caught.value.body["type"] == "rate_limit_error"
+    assert len(upstream.requests) == 1
+
+
+QUESTION = "What is six times seven?"
+JUDGE = "How likely is the proposed answer"
+
+
+def test_a_composed_workflow_answers_in_responses_shape(rgw, upstream):
+    upstream.behave("cheap-model", text="42")
+    upstream.behave("pricey-model", text="The answer is 42.", replies={JUDGE: "9"})
+    sdk = client(rgw)
+    raw = sdk.responses.with_raw_response.create(
+        model="compose:cascade", input=QUESTION, extra_headers={"x-polyroute-trace": "1"}
+    )
+    response = raw.parse()
+    assert raw.headers["x-polyroute-strategy"] == "compose:cascade"
+    assert raw.headers["x-polyroute-worker"] == "cheap"
+    assert response.output_text == "42" and response.status == "completed"
+    steps = response.model_extra["polyroute"]["trace"]["steps"]
+    assert [(s["role"], s["worker"]) for s in steps] == [("answer", "cheap"), ("judge", "pricey")]
+    assert sdk.responses.retrieve(response.id).output_text == "42"
+    with sdk.responses.stream(model="compose:cascade", input=QUESTION) as stream:
+        assert "".join(e.delta for e in stream if e.type == "response.output_text.delta") == "42"
+        final = stream.get_final_response()
+    assert final.status == "completed" and final.usage.output_tokens > 0
+
+
+def test_a_client_that_hangs_up_mid_stream_pays_for_what_was_streamed(rgw, upstream):
+    """The pipeline's streamed billing holds on the Responses event stream too: 499, counted here."""
+    long_text = " ".join(f"word{i}" for i in range(100))
+    upstream.behave("cheap-model", text=long_text, chunk_delay_s=0.05, stream_usage=False)
+    received = 0
+    with httpx.Client(timeout=60) as http:
+        with http.stream(
+            "POST",
+            rgw.v1 + "/responses",
+            headers=rgw.auth(),
+            json={"model": "auto", "input": "count to a hundred", "stream": True},
+        ) as response:
+            assert response.status_code == 200
+            request_id = response.headers["x-polyroute-request-id"]
+            for line in response.iter_lines():
+                if line.startswith("data:") and '"response.output_text.delta"' in line:
+                    received += 1
+                    if received == 10:
+                        break  # hang up: leaving the block closes the connection mid-stream
+    record = ledger_record(rgw, request_id)
+    assert record["status"] == 499 and record["trace"]["stream"] == "client_disconnected"
+    assert received <= record["completion_tokens"]
+    assert record["cost_micros"] > 0
+    r = httpx.get(
+        f"{rgw.v1}/responses/resp_{request_id.removeprefix('req_')}", headers=rgw.auth(), timeout=30
+    )
+    assert r.status_code == 404  # an unfinished stream is not stored
+
+
+def test_redis_down_continuing_is_503_and_an_answer_says_it_was_not_stored(upstream, tmp_path):
+    """A conversation is never continued without its context: with Redis down, previous_response_id
+    is a 503 that reaches no worker; a new response is still answered, marked as not stored."""
+    from tests.conftest import RedisServer
+
+    server = RedisServer()
+    gw = policy_gateway(upstream, tmp_path / "gw", redis_url=server.url)
+    try:
+        sdk = client(gw)
+        first = sdk.responses.create(model="auto", input="remember me")  # the key is verified while up
+        server.stop()
+        before = total_requests(upstream)
+        r = httpx.post(
+            gw.v1 + "/responses",
+            headers=gw.auth(),
+            json={"model": "auto", "input": "next", "previous_response_id": first.id},
+            timeout=60,
+        )
+        assert r.status_code == 503 and r.json()["error"]["code"] == "store_unavailable"
+        assert total_requests(upstream) == before
+        answered = sdk.responses.with_raw_response.create(model="auto", input="still served")
+        assert answered.parse().output_text and answered.headers["x-polyroute-response-stored"] == "false"
+        r = httpx.get(f"{gw.v1}/responses/{first.id}", headers=gw.auth(), timeout=60)
+        assert r.status_code == 503
+    finally:
+        gw.server.stop()
+        server.stop()
+
+
+@pytest.mark.anyio
+async def test_memory_store_evicts_the_oldest_past_its_bounds():
+    store = MemoryResponses(max_entries=3, max_bytes=10_000)
+    for i in range(4):
+        await store.put("acme", f"resp_{i}", {"i": i}, ttl_s=60)
+    assert await store.get("acme", "resp_0") is None and await store.get("acme", "resp_3") == {"i": 3}
+    await store.put("acme", "big", {"text": "x" * 9_000}, ttl_s=60)
+    assert store.status()["bytes"] <= 10_000
+    assert await store.get("acme", "big") is not None and await store.get("acme", "resp_1") is None
+
+
+def test_input_of_reasoning_items_only_is_400_naming_input(rgw, upstream):
+    before = total_requests(upstream)
+    r = httpx.post(
+        rgw.v1 + "/responses",
+        headers=rgw.auth(),
+        json={"model": "auto", "input": [{"type": "reasoning", "id": "rs_1", "summary": []}]},
+        timeout=30,
+    )
+    assert r.status_code == 400 and r.json()["error"]["param"] == "input"
+    assert total_requests(upstream) == before

@@ -6,7 +6,7 @@ not a walk up the chain, and deleting an earlier response does not break a later
 
 | backend    | where                                        | expiry                        |
 |------------|----------------------------------------------|-------------------------------|
-| in-process | a bounded dict (oldest evicted past 10,000)   | checked on read (`clock`)     |
+| in-process | a dict, oldest evicted past 10,000 or 256 MB  | checked on read (`clock`)     |
 | Redis      | `polyroute:responses:{<tenant>}:<id>` (JSON)  | `SET PX` (Redis expires it)   |
 
 The tenant is part of the key, so no lookup reaches another tenant's responses: an id of another
@@ -26,7 +26,8 @@ import orjson
 
 from gateway.store.health import Breaker, guarded
 
-MAX_ENTRIES = 10_000  # in-process: past this the oldest responses are evicted
+MAX_ENTRIES = 10_000  # in-process: past either bound the oldest responses are evicted
+MAX_BYTES = 256 * 1024 * 1024
 
 
 class ResponseStore(Protocol):
@@ -39,9 +40,16 @@ class ResponseStore(Protocol):
 class MemoryResponses:
     """One process's responses, each with its expiry on `clock` (time.monotonic; tests pass their own)."""
 
-    def __init__(self, max_entries: int = MAX_ENTRIES, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        max_entries: int = MAX_ENTRIES,
+        clock: Callable[[], float] = time.monotonic,
+        max_bytes: int = MAX_BYTES,
+    ) -> None:
         self.max_entries = max_entries
+        self.max_bytes = max_bytes
         self.clock = clock
+        self._bytes = 0
         self._entries: OrderedDict[tuple[str, str], tuple[float, bytes]] = OrderedDict()
         self._lock = threading.Lock()
 
@@ -51,7 +59,7 @@ class MemoryResponses:
             if entry is None:
                 return None
             if entry[0] <= self.clock():
-                del self._entries[(tenant, response_id)]
+                self._drop((tenant, response_id))
                 return None
             raw = entry[1]
         return orjson.loads(raw)  # a copy: the caller may change it
@@ -59,18 +67,27 @@ class MemoryResponses:
     async def put(self, tenant: str, response_id: str, record: dict, ttl_s: float) -> None:
         raw = orjson.dumps(record)
         with self._lock:
+            self._drop((tenant, response_id))
             self._entries[(tenant, response_id)] = (self.clock() + ttl_s, raw)
-            self._entries.move_to_end((tenant, response_id))
-            while len(self._entries) > self.max_entries:
-                self._entries.popitem(last=False)
+            self._bytes += len(raw)
+            while len(self._entries) > self.max_entries or (
+                self._bytes > self.max_bytes and len(self._entries) > 1
+            ):
+                self._drop(next(iter(self._entries)))
+
+    def _drop(self, key: tuple[str, str]) -> tuple[float, bytes] | None:
+        entry = self._entries.pop(key, None)
+        if entry is not None:
+            self._bytes -= len(entry[1])
+        return entry
 
     async def delete(self, tenant: str, response_id: str) -> bool:
         with self._lock:
-            entry = self._entries.pop((tenant, response_id), None)
+            entry = self._drop((tenant, response_id))
         return entry is not None and entry[0] > self.clock()
 
     def status(self) -> dict:
-        return {"backend": "memory", "ok": True, "entries": len(self._entries)}
+        return {"backend": "memory", "ok": True, "entries": len(self._entries), "bytes": self._bytes}
 
 
 class RedisResponses:
