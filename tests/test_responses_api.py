@@ -708,3 +708,29 @@ def test_input_of_reasoning_items_only_is_400_naming_input(rgw, upstream):
     )
     assert r.status_code == 400 and r.json()["error"]["param"] == "input"
     assert total_requests(upstream) == before
+
+
+def test_client_managed_history_with_store_false(rgw, upstream):
+    """The stateless pattern (Codex-style agents): store false, and the client sends the whole
+    history back, the earlier output items as the SDK returned them."""
+    upstream.behave("cheap-model", tool_call={"name": "get_weather", "arguments": '{"city": "Oslo"}'})
+    sdk = client(rgw)
+    history: list = [{"role": "user", "content": "Weather in Oslo?"}]
+    first = sdk.responses.create(model="auto", input=history, tools=[WEATHER_TOOL], store=False)
+    history += [item.model_dump(exclude_none=True) for item in first.output]
+    history.append({"type": "function_call_output", "call_id": first.output[0].call_id, "output": "snow"})
+    upstream.behave("cheap-model", text="It snows in Oslo.")
+    second = sdk.responses.create(
+        model="auto",
+        input=history,
+        tools=[WEATHER_TOOL],
+        store=False,
+        include=["reasoning.encrypted_content"],
+    )
+    assert second.output_text == "It snows in Oslo."
+    history += [item.model_dump(exclude_none=True) for item in second.output]
+    history.append({"role": "user", "content": "Thanks"})
+    sdk.responses.create(model="auto", input=history, store=False)
+    sent = upstream.requests_for("cheap-model")[-1]["messages"]
+    assert [m["role"] for m in sent] == ["user", "assistant", "tool", "assistant", "user"]
+    assert sent[3]["content"] == [{"type": "text", "text": "It snows in Oslo."}]
