@@ -128,6 +128,10 @@ def create_app(settings: Settings | None = None, catalog: Catalog | None = None)
             await asyncio.to_thread(state.stores.ledger.close)
             await state.stores.close()
             await state.client.aclose()
+            if (retriever := getattr(app.state, "polyroute_retriever", None)) is not None:
+                # releases the embedded shards' locks, so another gateway in this process (a
+                # restart, a test) can open the same data dir
+                await asyncio.to_thread(retriever.close)
             for proc in state.local.values():
                 await proc.stop()
 

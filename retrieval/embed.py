@@ -43,6 +43,10 @@ class Embedder:
         self.batch_size = batch_size
         self.dim = DIM
         self._lock = threading.Lock()
+        # One encode at a time: the gateway encodes from several threads (retrieval, memory, the
+        # embeddings endpoint), and a Hugging Face fast tokenizer shared between threads can fail
+        # with "Already borrowed" (seen twice in the suite). On 2 cores torch already uses both.
+        self._encode_lock = threading.Lock()
         self._model: Any = None
         self._tokenizer: Any = None
         self._table: np.ndarray | None = None
@@ -98,13 +102,16 @@ class Embedder:
             self._load()
         texts = [t.encode("utf-8", "replace").decode("utf-8") for t in texts]
         if self._model is not None:
-            vectors = self._model.encode(
-                texts, batch_size=self.batch_size, normalize_embeddings=True, convert_to_numpy=True
-            )
+            with self._encode_lock:
+                vectors = self._model.encode(
+                    texts, batch_size=self.batch_size, normalize_embeddings=True, convert_to_numpy=True
+                )
             return np.asarray(vectors, dtype=np.float32)
         out = np.zeros((len(texts), self.dim), dtype=np.float32)
         assert self._table is not None
-        for i, encoding in enumerate(self._tokenizer.encode_batch(texts)):
+        with self._encode_lock:
+            encodings = self._tokenizer.encode_batch(texts)
+        for i, encoding in enumerate(encodings):
             ids = [j for j in encoding.ids if j not in self._special]
             vector = self._table[ids].mean(axis=0) if ids else np.ones(self.dim, dtype=np.float32)
             out[i] = vector / (np.linalg.norm(vector) or 1.0)

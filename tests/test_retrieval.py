@@ -796,3 +796,23 @@ def test_memory_layers_and_more_pages(retriever):
     assert parse_directive("thinking...\nMEMORY_EXPAND(m1, full)") == ("m1", "full")
     assert parse_directive("MEMORY_EXPAND more") == ("more", "2")
     assert parse_directive("I will not MEMORY_EXPAND anything") is None
+
+
+def test_a_stopped_gateway_releases_its_shards(upstream, tmp_path):
+    """Shutdown closes the retriever: a gateway started after it on the same data dir (a restart in
+    the same process, as here) opens the collection instead of getting 503 collection_locked."""
+    from policies import parse_catalog
+
+    catalog = parse_catalog(catalog_yaml_for(upstream.url), "test catalog")
+    for round_ in range(2):
+        gw = start_gateway(catalog, tmp_path, retrieval_embedder="minilm-static")
+        try:
+            with httpx.Client(base_url=gw.url, headers=gw.auth(), timeout=60) as http:
+                if round_ == 0:
+                    body = {"documents": [{"id": "tea", "text": "Green tea is steamed or pan-fired."}]}
+                    assert http.post("/v1/collections/kb/documents", json=body).status_code == 200
+                found = http.post("/v1/collections/kb/search", json={"query": "green tea", "mode": "bm25"})
+                assert found.status_code == 200, found.text
+                assert found.json()["data"][0]["document_id"] == "tea"
+        finally:
+            gw.server.stop()
