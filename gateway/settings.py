@@ -122,10 +122,11 @@ class Settings(BaseModel):
     )
     # retrieval and memory (retrieval/, gateway/collections.py, gateway/memory.py)
     qdrant_url: str | None = Field(
-        None, description="Qdrant server for collections; also read from QDRANT_URL. None: local mode"
+        None, description="Qdrant server for collections (replicas share them); also read from QDRANT_URL. "
+        "None: an embedded Qdrant Edge shard per collection under the data dir"
     )
     qdrant_api_key: str | None = None
-    retrieval_embedder: str = Field("minilm", pattern=r"^(minilm|minilm-static)$")
+    retrieval_embedder: str = Field("minilm", pattern=r"^(minilm|minilm-int8|minilm-static)$")
     retrieval_candidates: int = Field(100, ge=1, le=2000, description="BM25/dense candidates per stage")
     retrieval_chunk_words: int = Field(200, ge=20, le=4000)
     retrieval_chunk_overlap: int = Field(40, ge=0, le=1000)

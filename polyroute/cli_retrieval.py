@@ -53,14 +53,16 @@ def ingest_command(
     ],
     collection: Annotated[str, typer.Option("--collection", "-c", help="collection name (a-z, 0-9, _ -)")],
     base_url: Annotated[
-        str | None, typer.Option("--url", help="gateway URL [env POLYROUTE_BASE_URL, default 127.0.0.1:8400]")
+        str | None, typer.Option("--url", help="gateway URL [env POLYROUTE_BASE_URL, else 127.0.0.1 on POLYROUTE_PORT, default 8400]")
     ] = None,
     api_key: Annotated[str | None, typer.Option("--api-key", help="[env POLYROUTE_API_KEY]")] = None,
 ) -> None:
     """Ingest .txt, .md, .pdf and .html files into a collection (idempotent: ids are the relative paths)."""
     import httpx
 
-    url = (base_url or os.environ.get("POLYROUTE_BASE_URL") or "http://127.0.0.1:8400").rstrip("/")
+    from polyroute.client import default_base_url
+
+    url = (base_url or default_base_url()).rstrip("/")
     key = api_key or os.environ.get("POLYROUTE_API_KEY")
     if not key:
         console.print("[red]no API key: set POLYROUTE_API_KEY or pass --api-key[/red]")

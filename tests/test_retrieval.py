@@ -666,6 +666,20 @@ def test_cli_ingest_with_progress(rgw: Gateway, tmp_path):
     assert ids == ["a.txt", "sub/b.md"]
 
 
+def test_cli_ingest_finds_the_gateway_on_polyroute_port(rgw: Gateway, tmp_path, monkeypatch):
+    """`POLYROUTE_PORT=... polyroute serve` then `polyroute ingest` with no --url (issue 15, item 8)."""
+    from typer.testing import CliRunner
+
+    from polyroute.cli import app
+
+    (tmp_path / "c.txt").write_text("Gamma rays are the most energetic photons.")
+    monkeypatch.delenv("POLYROUTE_BASE_URL", raising=False)
+    monkeypatch.setenv("POLYROUTE_PORT", rgw.url.rsplit(":", 1)[1])
+    result = CliRunner().invoke(app, ["ingest", str(tmp_path), "--collection", "port", "--api-key", rgw.api_key])
+    assert result.exit_code == 0, result.output
+    assert "1 created" in result.output
+
+
 def test_cli_eval_on_beir_fixture(tmp_path):
     from typer.testing import CliRunner
 
