@@ -122,8 +122,9 @@ class Settings(BaseModel):
     )
     # retrieval and memory (retrieval/, gateway/collections.py, gateway/memory.py)
     qdrant_url: str | None = Field(
-        None, description="Qdrant server for collections (replicas share them); also read from QDRANT_URL. "
-        "None: an embedded Qdrant Edge shard per collection under the data dir"
+        None,
+        description="Qdrant server for collections (replicas share them); also read from QDRANT_URL. "
+        "None: an embedded Qdrant Edge shard per collection under the data dir",
     )
     qdrant_api_key: str | None = None
     retrieval_embedder: str = Field("minilm", pattern=r"^(minilm|minilm-int8|minilm-static)$")

@@ -86,7 +86,9 @@ def to_worker_error(worker: Worker, exc: BaseException) -> WorkerError:
         message = message[:500] + "…"
     too_long = isinstance(exc, litellm.ContextWindowExceededError)
     client_fault = status in CLIENT_FAULT_STATUS and not too_long
-    return WorkerError(worker.name, status, f"{status} {message}", fallback=not client_fault, context_exceeded=too_long)
+    return WorkerError(
+        worker.name, status, f"{status} {message}", fallback=not client_fault, context_exceeded=too_long
+    )
 
 
 @dataclass(slots=True)

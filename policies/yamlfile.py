@@ -84,7 +84,9 @@ def _original(loc: tuple[Any, ...], positions: dict[tuple[Any, ...], list[int]])
 def _drop_all(data: dict, entries: set[tuple[Any, ...]], positions: dict[tuple[Any, ...], list[int]]) -> bool:
     """Remove each entry (list items from the highest index down); False when none could be removed."""
     dropped = False
-    for loc in sorted(entries, key=lambda e: [str(k) if not isinstance(k, int) else f"{k:09d}" for k in e], reverse=True):
+    for loc in sorted(
+        entries, key=lambda e: [str(k) if not isinstance(k, int) else f"{k:09d}" for k in e], reverse=True
+    ):
         parent: Any = data
         for key in loc[:-1]:
             try:

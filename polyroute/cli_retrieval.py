@@ -53,7 +53,11 @@ def ingest_command(
     ],
     collection: Annotated[str, typer.Option("--collection", "-c", help="collection name (a-z, 0-9, _ -)")],
     base_url: Annotated[
-        str | None, typer.Option("--url", help="gateway URL [env POLYROUTE_BASE_URL, else 127.0.0.1 on POLYROUTE_PORT, default 8400]")
+        str | None,
+        typer.Option(
+            "--url",
+            help="gateway URL [env POLYROUTE_BASE_URL, else 127.0.0.1 on POLYROUTE_PORT, default 8400]",
+        ),
     ] = None,
     api_key: Annotated[str | None, typer.Option("--api-key", help="[env POLYROUTE_API_KEY]")] = None,
 ) -> None:

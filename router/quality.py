@@ -288,7 +288,9 @@ class PerWorkerClassifier(_QualityModel):
         if self.calibrate and _calibratable(y):
             scores = self._oof_scores(Xw, y) if oof is None else np.asarray(oof, dtype=np.float64)
             if scores.shape != y.shape:
-                raise ValueError(f"out-of-fold scores for worker {w} have shape {scores.shape}, need {y.shape}")
+                raise ValueError(
+                    f"out-of-fold scores for worker {w} have shape {scores.shape}, need {y.shape}"
+                )
             self._set_calibrator(w, _fit_calibration(scores, y))
 
     def _fitted(self) -> None:

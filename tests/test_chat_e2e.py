@@ -353,10 +353,10 @@ def test_a_prompt_over_every_window_is_400_context_length_exceeded(gateway, upst
 
 
 def test_a_larger_window_is_still_tried(upstream, tmp_path):
+    import yaml
+
     from policies import parse_catalog
     from tests.conftest import catalog_yaml_for, start_gateway
-
-    import yaml
 
     config = yaml.safe_load(catalog_yaml_for(upstream.url))
     for worker in config["workers"]:

@@ -139,9 +139,7 @@ def test_the_cli_makes_litellm_use_its_bundled_price_map(tmp_path):
 
     threading.Thread(target=accept, daemon=True).start()
     proxy = f"http://127.0.0.1:{server.getsockname()[1]}"
-    env = {
-        k: v for k, v in os.environ.items() if k not in ("LITELLM_LOCAL_MODEL_COST_MAP", "HF_HUB_OFFLINE")
-    }
+    env = {k: v for k, v in os.environ.items() if k not in ("LITELLM_LOCAL_MODEL_COST_MAP", "HF_HUB_OFFLINE")}
     env.update({"HTTPS_PROXY": proxy, "HTTP_PROXY": proxy, "https_proxy": proxy, "http_proxy": proxy})
     env.pop("NO_PROXY", None), env.pop("no_proxy", None)
 

@@ -675,7 +675,9 @@ def test_cli_ingest_finds_the_gateway_on_polyroute_port(rgw: Gateway, tmp_path, 
     (tmp_path / "c.txt").write_text("Gamma rays are the most energetic photons.")
     monkeypatch.delenv("POLYROUTE_BASE_URL", raising=False)
     monkeypatch.setenv("POLYROUTE_PORT", rgw.url.rsplit(":", 1)[1])
-    result = CliRunner().invoke(app, ["ingest", str(tmp_path), "--collection", "port", "--api-key", rgw.api_key])
+    result = CliRunner().invoke(
+        app, ["ingest", str(tmp_path), "--collection", "port", "--api-key", rgw.api_key]
+    )
     assert result.exit_code == 0, result.output
     assert "1 created" in result.output
 

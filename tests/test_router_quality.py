@@ -316,7 +316,9 @@ def test_cross_fit_scores_every_label_out_of_fold(data: dict) -> None:
     base = score_predictions(np.full((len(Y), 1), np.nanmean(Y[:, 0])), Y[:, :1])["brier"]
     assert oof < 0.5 * base
     # an in-sample fit scores better than out of fold: the folds did not see their own rows
-    in_sample = score_predictions(PerWorkerClassifier("logreg").fit(X, Y).predict(X)[:, :1], Y[:, :1])["brier"]
+    in_sample = score_predictions(PerWorkerClassifier("logreg").fit(X, Y).predict(X)[:, :1], Y[:, :1])[
+        "brier"
+    ]
     assert in_sample < oof
     with pytest.raises(ValueError, match="oof_raw has 1 workers"):
         PerWorkerClassifier("logreg").fit(X, Y, oof_raw=folds.raw[:1])
@@ -348,4 +350,6 @@ def test_select_by_cross_fit_reports_progress_and_pickles_clean(data: dict) -> N
     json.dumps(report)
     buffer = io.BytesIO()
     joblib.dump(model, buffer)  # the progress callback is not kept on the model
-    np.testing.assert_array_equal(joblib.load(io.BytesIO(buffer.getvalue())).predict(X[:5]), model.predict(X[:5]))
+    np.testing.assert_array_equal(
+        joblib.load(io.BytesIO(buffer.getvalue())).predict(X[:5]), model.predict(X[:5])
+    )
