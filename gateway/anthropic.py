@@ -30,7 +30,7 @@ from starlette.responses import Response
 
 from gateway import compose, ratelimits
 from gateway.body import heavy_if, is_large, read_json_object, validate
-from gateway.completions import AUTO, EventStream, Wire, serve
+from gateway.completions import AUTO, EventStream, TranslatingWire, serve
 from gateway.errors import APIError, JSONResponse
 from gateway.schemas import ChatCompletionRequest
 from gateway.state import AppState
@@ -261,15 +261,7 @@ def sse_event(event: dict[str, Any]) -> bytes:
     )
 
 
-def _parse_sse(raw: bytes) -> list[dict[str, Any]]:
-    chunks = []
-    for line in raw.decode().splitlines():
-        if line.startswith("data: ") and line[6:].strip() != "[DONE]":
-            chunks.append(orjson.loads(line[6:]))
-    return chunks
-
-
-class AnthropicWire(Wire):
+class AnthropicWire(TranslatingWire):
     """Reads a Messages request; writes answers, event streams and errors as Anthropic's API does.
     One per request: it keeps the request's tool-name mapping and message id."""
 
@@ -303,29 +295,6 @@ class AnthropicWire(Wire):
 
     def cached(self, body: bytes, headers: dict[str, str]) -> Response:
         return self.answer(orjson.loads(body), headers, None)
-
-    async def composed(self, response: Response) -> Response:
-        """A workflow's OpenAI answer (JSON or SSE, already complete) rewritten for this API."""
-        headers = {k: v for k, v in response.headers.items() if k not in ("content-length", "content-type")}
-        if response.status_code >= 400:
-            body = orjson.loads(response.body)
-            err = APIError(response.status_code, body["error"]["message"], code=body["error"].get("code"))
-            err.headers = headers
-            return error_response(err)
-        if isinstance(response, Response) and hasattr(response, "body_iterator"):
-            raw = b"".join([part async for part in response.body_iterator])  # type: ignore[attr-defined]
-            chunks = _parse_sse(raw)
-            worker = headers.get("x-polyroute-worker", "polyroute")
-            headers = self._headers(headers)
-
-            async def replay() -> AsyncIterator[dict]:
-                for chunk in chunks:
-                    yield chunk
-
-            return EventStream(
-                self.frames(replay(), worker, True), media_type="text/event-stream", headers=headers
-            )
-        return self.answer(orjson.loads(response.body), headers, None)
 
     async def frames(
         self, chunks: AsyncIterator[dict], worker: str, include_usage: bool

@@ -107,6 +107,48 @@ class Wire:
 OPENAI = Wire()
 
 
+class TranslatingWire(Wire):
+    """A wire for another API: a workflow's finished OpenAI answer (gateway/compose.py writes JSON or
+    SSE) is read back and written again through this wire's ``error``, ``frames`` and ``answer``."""
+
+    def _headers(self, headers: dict[str, str]) -> dict[str, str]:
+        """The response headers this API adds to polyroute's (ids in its own form, ignored fields)."""
+        return headers
+
+    async def composed(self, response: Response) -> Response:
+        headers = {k: v for k, v in response.headers.items() if k not in ("content-length", "content-type")}
+        if response.status_code >= 400:
+            body = orjson.loads(response.body)["error"]
+            err = APIError(
+                response.status_code,
+                body["message"],
+                type=body.get("type") or "server_error",
+                code=body.get("code"),
+                param=body.get("param"),
+            )
+            err.headers = headers
+            return self.error(err)
+        if hasattr(response, "body_iterator"):
+            raw = b"".join([part async for part in response.body_iterator])  # type: ignore[attr-defined]
+            chunks = [
+                orjson.loads(line[6:])
+                for line in raw.decode().splitlines()
+                if line.startswith("data: ") and line[6:].strip() != "[DONE]"
+            ]
+            worker = headers.get("x-polyroute-worker", "polyroute")
+
+            async def replay() -> AsyncIterator[dict]:
+                for chunk in chunks:
+                    yield chunk
+
+            return EventStream(
+                self.frames(replay(), worker, True),
+                media_type="text/event-stream",
+                headers=self._headers(headers),
+            )
+        return self.answer(orjson.loads(response.body), headers, None)
+
+
 def admission_for(
     state: AppState,
     request: Request,

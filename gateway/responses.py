@@ -41,7 +41,7 @@ from starlette.responses import Response
 
 from gateway import ratelimits
 from gateway.body import heavy_if, is_large, read_json_object, validate
-from gateway.completions import EventStream, Wire, serve, store_reply_error
+from gateway.completions import EventStream, TranslatingWire, serve, store_reply_error
 from gateway.errors import APIError, JSONResponse, error_response
 from gateway.schemas import ChatCompletionRequest
 from gateway.state import AppState
@@ -320,7 +320,7 @@ def sse_event(event: dict[str, Any]) -> bytes:
 TERMINAL = ("response.completed", "response.incomplete")
 
 
-class ResponsesWire(Wire):
+class ResponsesWire(TranslatingWire):
     """Reads a Responses request; writes the response object, typed events and errors as OpenAI's
     Responses API does, and stores the response (unless store is false). One per request."""
 
@@ -453,39 +453,6 @@ class ResponsesWire(Wire):
 
     def cached(self, body: bytes, headers: dict[str, str]) -> Response:
         return self.answer(orjson.loads(body), headers, None)
-
-    async def composed(self, response: Response) -> Response:
-        """A workflow's OpenAI answer (JSON or SSE, already complete) rewritten for this API."""
-        headers = {k: v for k, v in response.headers.items() if k not in ("content-length", "content-type")}
-        if response.status_code >= 400:
-            err_body = orjson.loads(response.body)["error"]
-            err = APIError(
-                response.status_code,
-                err_body["message"],
-                type=err_body.get("type") or "server_error",
-                code=err_body.get("code"),
-                param=err_body.get("param"),
-            )
-            err.headers = headers
-            return error_response(err)
-        if hasattr(response, "body_iterator"):
-            raw = b"".join([part async for part in response.body_iterator])  # type: ignore[attr-defined]
-            chunks = [
-                orjson.loads(line[6:])
-                for line in raw.decode().splitlines()
-                if line.startswith("data: ") and line[6:].strip() != "[DONE]"
-            ]
-            worker = headers.get("x-polyroute-worker", "polyroute")
-            headers = self._headers(headers)
-
-            async def replay() -> AsyncIterator[dict]:
-                for chunk in chunks:
-                    yield chunk
-
-            return EventStream(
-                self.frames(replay(), worker, True), media_type="text/event-stream", headers=headers
-            )
-        return self.answer(orjson.loads(response.body), headers, None)
 
     def _event(self, event: dict[str, Any]) -> bytes:
         self.sequence += 1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections.abc import Iterator
@@ -135,6 +136,21 @@ def start_gateway(catalog: Catalog, data_dir: Path, **settings) -> Gateway:
     _, key = state.auth.store.create("acme", "test key")
     running = serve_in_thread(app)
     return Gateway(running.url, key, ADMIN_KEY, state, running, data_dir)
+
+
+def ledger_record(gw, request_id: str, timeout_s: float = 60.0) -> dict:
+    """The ledger record of one request, once written (a stream's is settled in its own task)."""
+    deadline = time.monotonic() + timeout_s
+    path = Path(gw.data_dir) / "ledger.jsonl"
+    while True:
+        if path.exists():
+            for line in path.read_text().splitlines():
+                if request_id in line:
+                    record = json.loads(line)
+                    if record.get("id") == request_id:
+                        return record
+        assert time.monotonic() < deadline, f"no ledger record for {request_id}"
+        time.sleep(0.05)
 
 
 @pytest.fixture(scope="session")

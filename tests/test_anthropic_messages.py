@@ -8,9 +8,7 @@ budgets, ledger. The test upstream speaks OpenAI's wire, so what it received sho
 from __future__ import annotations
 
 import json
-import time
 from decimal import Decimal
-from pathlib import Path
 
 import anthropic
 import httpx
@@ -19,7 +17,7 @@ import pytest
 import yaml
 
 from policies import parse_catalog
-from tests.conftest import catalog_yaml_for, start_gateway
+from tests.conftest import catalog_yaml_for, ledger_record, start_gateway
 
 HELLO = [{"role": "user", "content": "Say hello in five words"}]
 PII = [{"role": "user", "content": "Please e-mail the summary to jane.doe@example.com"}]
@@ -47,21 +45,6 @@ def agw(upstream, tmp_path_factory):
     gw = start_gateway(parse_catalog(catalog_yaml_for(upstream.url)), data_dir, policy_file=policy_file)
     yield gw
     gw.server.stop()
-
-
-def ledger_record(gw, request_id: str, timeout_s: float = 60.0) -> dict:
-    """The ledger record of one request, once written (a stream's is settled in its own task)."""
-    deadline = time.monotonic() + timeout_s
-    path = Path(gw.data_dir) / "ledger.jsonl"
-    while True:
-        if path.exists():
-            for line in path.read_text().splitlines():
-                if request_id in line:
-                    record = json.loads(line)
-                    if record.get("id") == request_id:
-                        return record
-        assert time.monotonic() < deadline, f"no ledger record for {request_id}"
-        time.sleep(0.05)
 
 
 # ---- plain -----------------------------------------------------------------------------------------

@@ -61,8 +61,7 @@ def test_openai_sdk_streaming_with_usage(gateway, upstream):
 
 def test_streamed_usage_the_provider_did_not_send_is_marked_estimated(gateway, upstream):
     """llama.cpp's server streams no usage: the counts are ours, and the answer and the ledger say so."""
-    import json
-    import time
+    from tests.conftest import ledger_record
 
     upstream.behave("cheap-model", text="one two three four", stream_usage=False)
     raw = openai_client(gateway).chat.completions.with_raw_response.create(
@@ -72,14 +71,8 @@ def test_streamed_usage_the_provider_did_not_send_is_marked_estimated(gateway, u
     [usage_chunk] = [c for c in raw.parse() if c.usage]
     assert usage_chunk.usage.completion_tokens > 0  # counted here
     assert usage_chunk.model_extra["polyroute"]["usage"] == "estimated"
-    record = None
-    for _ in range(1200):  # the books are settled in their own task once the stream is sent (60 s cap)
-        lines = (gateway.data_dir / "ledger.jsonl").read_text().splitlines()
-        record = next((json.loads(line) for line in lines if request_id in line), None)
-        if record:
-            break
-        time.sleep(0.05)
-    assert record is not None and record["trace"] == {"usage": "estimated"}
+    record = ledger_record(gateway, request_id)  # settled in its own task once the stream is sent
+    assert record["trace"] == {"usage": "estimated"}
     assert record["completion_tokens"] == usage_chunk.usage.completion_tokens
 
 

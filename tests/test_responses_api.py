@@ -23,7 +23,7 @@ import yaml
 from gateway.store.health import Breaker
 from gateway.store.responses import MemoryResponses, RedisResponses
 from policies import parse_catalog
-from tests.conftest import catalog_yaml_for, start_gateway
+from tests.conftest import catalog_yaml_for, ledger_record, start_gateway
 
 PII = "Please e-mail the summary to jane.doe@example.com"
 WEATHER_TOOL = {
@@ -66,21 +66,6 @@ def redis_gw(upstream, tmp_path_factory, redis_server):
     gw = policy_gateway(upstream, tmp_path_factory.mktemp("responses-redis-gw"), redis_url=redis_server.url)
     yield gw
     gw.server.stop()
-
-
-def ledger_record(gw, request_id: str, timeout_s: float = 60.0) -> dict:
-    """The ledger record of one request, once written (a stream's is settled in its own task)."""
-    deadline = time.monotonic() + timeout_s
-    path = Path(gw.data_dir) / "ledger.jsonl"
-    while True:
-        if path.exists():
-            for line in path.read_text().splitlines():
-                if request_id in line:
-                    record = json.loads(line)
-                    if record.get("id") == request_id:
-                        return record
-        assert time.monotonic() < deadline, f"no ledger record for {request_id}"
-        time.sleep(0.05)
 
 
 def total_requests(upstream) -> int:
