@@ -613,13 +613,17 @@ class Exchange:
         )
 
 
-def _refused(state: AppState, err: APIError, headers: dict[str, str], wire: Wire = OPENAI) -> Response:
+def refused(
+    state: AppState, err: APIError, headers: dict[str, str], wire: Wire = OPENAI, endpoint: str = ""
+) -> Response:
+    """A request turned down before any worker was called: one access line, the error metric."""
     err.headers = {**headers, **err.headers}
     access.info(
-        "%s refused status=%d code=%s",
+        "%s refused status=%d code=%s%s",
         headers.get("x-polyroute-request-id", "-"),
         err.status,
         err.code or err.type,
+        f" endpoint={endpoint}" if endpoint else "",
     )
     state.metrics.errors.labels(err.code or err.type).inc()
     state.metrics.requests.labels("-", "-", str(err.status)).inc()
@@ -683,9 +687,9 @@ async def serve(request: Request, wire: Wire) -> Response:
         decision = await decide(state, route, chat, admission, router)
         composition = await compose.plan(state, request, chat, route, decision, router)
     except APIError as err:
-        return _refused(state, err, headers, wire)
+        return refused(state, err, headers, wire)
     except StoreReplyError as exc:  # e.g. the rate-limit script: this request fails, nobody else
-        return _refused(state, store_reply_error(exc), headers, wire)
+        return refused(state, store_reply_error(exc), headers, wire)
     exchange = Exchange(
         request_id,
         key.tenant,
@@ -716,7 +720,7 @@ async def serve(request: Request, wire: Wire) -> Response:
         return await _complete(state, exchange)
     except StoreReplyError as exc:  # a reservation Redis rejected: this request stops here
         await exchange.finish(state, None, 500, [])
-        return _refused(state, store_reply_error(exc), exchange.headers, wire)
+        return refused(state, store_reply_error(exc), exchange.headers, wire)
 
 
 async def _from_cache(

@@ -44,6 +44,7 @@ from gateway.completions import (
     budget_usage,
     format_cost,
     policy_headers,
+    refused,
     store_reply_error,
     tenant_budget,
 )
@@ -543,19 +544,6 @@ class _Books:
         return micros
 
 
-def _refused(state: AppState, err: APIError, headers: dict[str, str]) -> Response:
-    err.headers = {**headers, **err.headers}
-    access.info(
-        "%s refused status=%d code=%s endpoint=embeddings",
-        headers.get("x-polyroute-request-id", "-"),
-        err.status,
-        err.code or err.type,
-    )
-    state.metrics.errors.labels(err.code or err.type).inc()
-    state.metrics.requests.labels("-", "-", str(err.status)).inc()
-    return error_response(err)
-
-
 async def _failed(state: AppState, books: _Books, err: APIError, headers: dict[str, str], trace) -> Response:
     """The worker was called and did not answer: the hold goes (nothing is billed), one access line,
     one ledger record, the error in OpenAI's shape."""
@@ -617,14 +605,14 @@ async def embeddings(request: Request) -> Response:
         )
         await books.reserve(state, to_micros(worker.cost_usd(_budget_bound(inputs, local_counts), 0)))
     except APIError as err:
-        return _refused(state, err, headers)
+        return refused(state, err, headers, endpoint="embeddings")
     except StoreReplyError as exc:  # e.g. the rate-limit script: this request fails, nobody else
-        return _refused(state, store_reply_error(exc), headers)
+        return refused(state, store_reply_error(exc), headers, endpoint="embeddings")
     headers |= {"x-polyroute-worker": worker.name, "x-polyroute-strategy": STRATEGY}
     try:
         return await _answer(state, books, body, worker, inputs, texts, local_counts, headers)
     except StoreReplyError as exc:  # a settle Redis rejected: this request stops here
-        return _refused(state, store_reply_error(exc), headers)
+        return refused(state, store_reply_error(exc), headers, endpoint="embeddings")
 
 
 async def _answer(state, books: _Books, body, worker, inputs, texts, local_counts, headers) -> Response:
