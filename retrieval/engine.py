@@ -203,6 +203,11 @@ class EdgeEngine(Engine):
         self.directory = directory
         directory.mkdir(parents=True, exist_ok=True)
         self._lock = _ProcessLock(directory / "LOCK")
+        # One call into the shard at a time: the gateway reaches a collection from several threads
+        # (searches, ingest, memory, a session's drop), and the engine's Python object refuses a
+        # call while another holds it ("RuntimeError: Already borrowed", seen in CI on a close).
+        self._guard = threading.RLock()
+        self.shard: Any = None
         path = directory / "shard"
         config = q.EdgeConfig(
             vectors={DENSE: q.EdgeVectorParams(size=dim, distance=q.Distance.Cosine)},
@@ -218,14 +223,20 @@ class EdgeEngine(Engine):
             else:
                 self.shard = q.EdgeShard.create(str(path), config)
                 for field in KEYWORD_FIELDS:
-                    self.shard.update(
-                        q.UpdateOperation.create_field_index(field, q.PayloadSchemaType.Keyword)
+                    self._op(
+                        "update", q.UpdateOperation.create_field_index(field, q.PayloadSchemaType.Keyword)
                     )
         except Exception as exc:
             self._lock.release()
             if "WouldBlock" in str(exc):
                 raise ShardLocked(f"the Qdrant Edge shard {path} is held by another process") from exc
             raise
+
+    def _op(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        with self._guard:
+            if self.shard is None:
+                raise RuntimeError(f"the Qdrant Edge shard in {self.directory} is closed")
+            return getattr(self.shard, name)(*args, **kwargs)
 
     # writes
     def upsert(self, points: list[PointData], atomic: bool = False) -> None:
@@ -240,11 +251,11 @@ class EdgeEngine(Engine):
                 if p.sparse is not None:
                     vector[SPARSE] = q.SparseVector(p.sparse[0], p.sparse[1])
                 batch.append(q.Point(p.id, vector, p.payload))
-            self.shard.update(q.UpdateOperation.upsert_points(batch))
+            self._op("update", q.UpdateOperation.upsert_points(batch))
 
     def delete_ids(self, ids: list[str]) -> None:
         if ids:
-            self.shard.update(self.q.UpdateOperation.delete_points(ids))
+            self._op("update", self.q.UpdateOperation.delete_points(ids))
 
     def _match(self, key: str, values: list[str]):
         q = self.q
@@ -260,13 +271,13 @@ class EdgeEngine(Engine):
             must=[self._match("kind", ["chunk"]), self._match("doc", doc_ids)],
             must_not=[self._match("ver", keep_vers)] if keep_vers else None,
         )
-        self.shard.update(q.UpdateOperation.delete_points_by_filter(flt))
+        self._op("update", q.UpdateOperation.delete_points_by_filter(flt))
 
     # reads
     def retrieve(self, ids: list[str], payload: list[str] | bool = True) -> dict[str, dict[str, Any]]:
         if not ids:
             return {}
-        records = self.shard.retrieve(ids, with_payload=payload, with_vector=False)
+        records = self._op("retrieve", ids, with_payload=payload, with_vector=False)
         return {str(r.id): dict(r.payload or {}) for r in records}
 
     def scroll(self, kind: str, payload: list[str]) -> list[dict[str, Any]]:
@@ -274,14 +285,15 @@ class EdgeEngine(Engine):
         out: list[dict[str, Any]] = []
         offset = None
         while True:
-            records, offset = self.shard.scroll(
+            records, offset = self._op(
+                "scroll",
                 q.ScrollRequest(
                     offset=offset,
                     limit=1024,
                     filter=q.Filter(must=[self._match("kind", [kind])]),
                     with_payload=payload,
                     with_vector=False,
-                )
+                ),
             )
             out.extend(dict(r.payload or {}) for r in records)
             if offset is None or not records:
@@ -289,8 +301,8 @@ class EdgeEngine(Engine):
 
     def count(self, kind: str) -> int:
         q = self.q
-        return self.shard.count(
-            q.CountRequest(exact=True, filter=q.Filter(must=[self._match("kind", [kind])]))
+        return self._op(
+            "count", q.CountRequest(exact=True, filter=q.Filter(must=[self._match("kind", [kind])]))
         )
 
     def query(self, spec: QuerySpec) -> list[Scored]:
@@ -343,20 +355,23 @@ class EdgeEngine(Engine):
             with_vector=[DENSE] if spec.with_dense else False,
         )
         out = []
-        for p in self.shard.query(request):
+        for p in self._op("query", request):
             vec = p.vector.get(DENSE) if spec.with_dense and isinstance(p.vector, dict) else None
             out.append(Scored(str(p.id), float(p.score), dict(p.payload or {}), vec))
         return out
 
     def optimize(self) -> None:
-        self.shard.optimize()
+        self._op(
+            "optimize",
+        )
 
     def close(self) -> None:
-        if getattr(self, "shard", None) is not None:
-            with contextlib.suppress(Exception):
-                self.shard.flush()
-            self.shard.close()
-            self.shard = None
+        with self._guard:
+            if self.shard is not None:
+                with contextlib.suppress(Exception):
+                    self.shard.flush()
+                self.shard.close()
+                self.shard = None
         self._lock.release()
 
     def drop(self) -> None:

@@ -832,3 +832,61 @@ def test_a_stopped_gateway_releases_its_shards(upstream, tmp_path):
                 assert found.json()["data"][0]["document_id"] == "tea"
         finally:
             gw.server.stop()
+
+
+def test_one_collection_from_many_threads(tmp_path):
+    """The gateway reaches a collection from several threads at once (searches, ingest, a session's
+    drop). The embedded engine refused a call while another held it ("Already borrowed", seen in CI
+    as a 500 on DELETE /v1/sessions): every call, and the close, must wait their turn."""
+    import threading
+
+    r = make_retriever(tmp_path)
+    collection = r.get("acme", "busy", create=True)
+    collection.ingest([DocumentInput(k, t) for k, t in CORPUS])
+    errors: list[BaseException] = []
+    start = threading.Barrier(5)
+
+    def searcher() -> None:
+        start.wait()
+        try:
+            for _ in range(200):
+                collection.search("which routers exchange reachability", 3, "bm25_dense")
+        except BaseException as exc:  # noqa: BLE001 - any failure is the finding
+            errors.append(exc)
+
+    def writer() -> None:
+        start.wait()
+        try:
+            for i in range(60):
+                collection.ingest([DocumentInput(f"extra-{i}", f"note {i} about gardening tomatoes")])
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    threads = [threading.Thread(target=searcher) for _ in range(3)] + [threading.Thread(target=writer)]
+    for t in threads:
+        t.start()
+    start.wait()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert collection.stats()["documents"] == len(CORPUS) + 60
+    # a drop while searches run: the searches finish or see a clear "closed" error, never a borrow error
+    closer_errors: list[BaseException] = []
+
+    def late_searcher() -> None:
+        for _ in range(40):
+            try:
+                collection.search("quick brown fox", 3, "bm25")
+            except RuntimeError as exc:
+                if "Already borrowed" in str(exc):
+                    closer_errors.append(exc)
+                return
+
+    late = [threading.Thread(target=late_searcher) for _ in range(3)]
+    for t in late:
+        t.start()
+    assert r.drop("acme", "busy")
+    for t in late:
+        t.join()
+    assert closer_errors == []
+    r.close()
