@@ -29,6 +29,8 @@ Standard library only.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import html
 import re
 import threading
@@ -217,12 +219,30 @@ def normalise(text: str) -> Normalised:
 _JSON_ESCAPE = re.compile(r"\\u([0-9a-fA-F]{4})")
 _PERCENT_ESCAPE = re.compile(r"%[0-9a-fA-F]{2}")
 _HTML_ENTITY = re.compile(r"&#(?:[0-9]{1,7}|[xX][0-9a-fA-F]{1,6});")
+# A base64 data URL (an attached file's file_data, a document's source): its payload, line breaks allowed.
+_DATA_URL = re.compile(r"data:[^,;\s]{0,128}(?:;[^,;\s]{1,128}){0,8};base64,([A-Za-z0-9+/=_\-\r\n]+)", re.I)
+
+
+def _data_url_texts(text: str) -> list[str]:
+    """The payloads of base64 data URLs that decode to UTF-8 text (a text file a worker will read);
+    binary payloads (images, PDFs) are left alone."""
+    texts = []
+    for match in _DATA_URL.finditer(text):
+        payload = "".join(match.group(1).split())
+        payload += "=" * (-len(payload) % 4)
+        try:
+            raw = base64.b64decode(payload, altchars=b"-_" if "-" in payload or "_" in payload else None)
+            texts.append(raw.decode("utf-8"))
+        except (binascii.Error, ValueError):  # not base64, or not UTF-8 text
+            continue
+    return texts
 
 
 def decoded_views(text: str) -> list[str]:
     """The text as it reads once escapes are undone, when it holds any: JSON "\\uXXXX" escapes (tool
     call arguments are JSON inside a string, and json.dumps escapes every non-ASCII character),
-    percent-encoding ("jane%40example.com" in a URL) and HTML character references ("&#64;").
+    percent-encoding ("jane%40example.com" in a URL), HTML character references ("&#64;"), and
+    base64 data URLs holding text (an attached text file, as OpenAI's file_data sends it).
 
     A worker reads through these; detection must too. They are extra texts to scan, not a
     replacement: offsets in them mean nothing for the original, and the engine only needs kinds.
@@ -234,6 +254,9 @@ def decoded_views(text: str) -> list[str]:
         views.append(unquote(text, errors="replace"))
     if "&#" in text and _HTML_ENTITY.search(text):
         views.append(html.unescape(text))
+    if "base64," in text:
+        for decoded in _data_url_texts(text):
+            views += [decoded, *decoded_views(decoded)]
     return views
 
 
