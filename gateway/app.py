@@ -11,6 +11,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from gateway import tracing
 from gateway.errors import APIError, install_error_handlers
 from gateway.routes import router
 from gateway.settings import Settings
@@ -71,6 +72,7 @@ class BodyDeadline:
 def create_app(settings: Settings | None = None, catalog: Catalog | None = None) -> FastAPI:
     settings = settings or Settings.from_env()
     state = build_state(settings, catalog)
+    traces = tracing.setup()  # OpenTelemetry when OTEL_EXPORTER_OTLP_ENDPOINT is set, else None
 
     async def watch_policy() -> None:
         """Hot reload: check the policy file's fingerprint; a change is validated, then swapped."""
@@ -134,6 +136,8 @@ def create_app(settings: Settings | None = None, catalog: Catalog | None = None)
                 await asyncio.to_thread(retriever.close)
             for proc in state.local.values():
                 await proc.stop()
+            if traces is not None:  # the last spans are sent before the process goes
+                await asyncio.to_thread(tracing.shutdown, traces)
 
     app = FastAPI(title="polyroute", version="0.1.0", lifespan=lifespan, docs_url="/docs", redoc_url=None)
     app.state.polyroute = state

@@ -21,7 +21,7 @@ from starlette.background import BackgroundTask
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
-from gateway import caching, compose, memory, ratelimits
+from gateway import caching, compose, memory, ratelimits, tracing
 from gateway.body import heavy_if, is_large, read_model
 from gateway.errors import APIError, error_response
 from gateway.judge import completion_text
@@ -471,6 +471,7 @@ class Exchange:
     degraded: compose.Composition | None = None  # a workflow answered in fast mode: traced as such
     explain: bool = False  # x-polyroute-trace: 1 (the trace goes to the client too)
     wire: Wire = OPENAI  # the client's API: how the answer is written
+    trace: tracing.RequestTrace = field(default_factory=tracing.current)  # its span (tracing.OFF: none)
 
     @property
     def held_micros(self) -> int:
@@ -599,6 +600,7 @@ class Exchange:
                 route=self._route_log(state) if strategy is None else None,  # not for a composed one
             )
         )
+        self.trace.settled(self, worker, status, strategy or self.decision.strategy, total.cost_usd, trace)
 
     def _route_log(self, state: AppState) -> dict | None:
         """How the router chose this request's worker (router/routelog.py), when it chose."""
@@ -618,6 +620,7 @@ def refused(
 ) -> Response:
     """A request turned down before any worker was called: one access line, the error metric."""
     err.headers = {**headers, **err.headers}
+    tracing.error(err, headers)
     access.info(
         "%s refused status=%d code=%s%s",
         headers.get("x-polyroute-request-id", "-"),
@@ -634,6 +637,7 @@ async def chat_completions(request: Request) -> Response:
     return await serve(request, OPENAI)
 
 
+@tracing.traced  # the request's span (gateway/tracing.py); nothing when tracing is off
 async def serve(request: Request, wire: Wire) -> Response:
     """The pipeline, whatever the client's API: auth, the body (read by `wire`), rate limits, memory,
     data class and policy, cache, routing, budgets, worker calls with fallback, ledger and metrics."""
@@ -660,9 +664,19 @@ async def serve(request: Request, wire: Wire) -> Response:
         recalled = await memory.plan(request, state, key.tenant, chat)  # retrieval memory, or None
         memory_texts = (recalled.injected_text(),) if recalled is not None else ()
         # detection over megabytes: off the event loop, which serves everyone
-        admission = await heavy_if(
-            is_large(request), admission_for, state, request, key.tenant, chat, engine, spend, memory_texts
-        )
+        with tracing.step("policy"):
+            admission = await heavy_if(
+                is_large(request),
+                admission_for,
+                state,
+                request,
+                key.tenant,
+                chat,
+                engine,
+                spend,
+                memory_texts,
+            )
+        tracing.admitted(admission)
         if recalled is not None:
             recalled.withhold = withhold_above(engine, key.tenant, admission)
         headers = {**headers, **policy_headers(request_id, admission)}
@@ -684,8 +698,9 @@ async def serve(request: Request, wire: Wire) -> Response:
                 state, request_id, key.tenant, chat, admission, router, limits, headers, hit, wire
             )
         route = route_request(request, chat, admission, tenant.cost_weight if tenant else None)
-        decision = await decide(state, route, chat, admission, router)
-        composition = await compose.plan(state, request, chat, route, decision, router)
+        with tracing.step("route"):
+            decision = await decide(state, route, chat, admission, router)
+            composition = await compose.plan(state, request, chat, route, decision, router)
     except APIError as err:
         return refused(state, err, headers, wire)
     except StoreReplyError as exc:  # e.g. the rate-limit script: this request fails, nobody else
@@ -920,6 +935,7 @@ async def _failed(
         "x-polyroute-cost-usd": format_cost(ex.settled.cost_usd),
         "x-polyroute-worker": worker,
     }
+    ex.trace.error(err.status, err.code or err.type)
     await ex.finish(state, None, err.status, failures)
     state.metrics.errors.labels(err.code or err.type).inc()
     state.metrics.requests.labels(worker, ex.decision.strategy, str(err.status)).inc()
@@ -962,6 +978,7 @@ async def _stream(state: AppState, ex: Exchange) -> Response:
         "x-accel-buffering": "no",
     }
     body = _sse(state, ex, stream, failures, include_usage=_wants_usage(ex.chat))
+    ex.trace.hold_open()  # the request's span ends when the stream is settled
     return ex.wire.stream(body, headers)
 
 

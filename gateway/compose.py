@@ -29,7 +29,7 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
-from gateway import memory
+from gateway import memory, tracing
 from gateway.errors import APIError, error_response
 from gateway.schemas import ChatCompletionRequest
 from policies import Worker, predicted_cost
@@ -417,7 +417,8 @@ async def respond(state, request: Request, ex, composition: Composition) -> Resp
         seed=zlib.crc32(ex.request_id.encode()),
     )
     try:
-        outcome = await workflow.run(run)
+        with tracing.step("compose", **{"polyroute.workflow": composition.workflow}):
+            outcome = await workflow.run(run)
     except BaseException:
         await ex.release(state)
         raise

@@ -37,7 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 from starlette.requests import Request
 from starlette.responses import Response
 
-from gateway import ratelimits
+from gateway import ratelimits, tracing
 from gateway.body import heavy_if, is_large, read_model
 from gateway.completions import (
     DATA_CLASS_HEADER,
@@ -290,6 +290,7 @@ async def _call_remote(
         kwargs["api_key"] = key
     if (client := _openai_client(worker.model, base, key)) is not None:
         kwargs["client"] = client
+    tracing.inject_kwargs(kwargs)  # the worker call's traceparent (when tracing is on)
     size = dimensions or worker.dimensions or 0
 
     async def attempt():
@@ -541,6 +542,7 @@ class _Books:
             )
         )
         state.metrics.requests.labels(self.worker.name, STRATEGY, str(status)).inc()
+        tracing.current().settled_embedding(self, status, cost)
         return micros
 
 
@@ -548,6 +550,7 @@ async def _failed(state: AppState, books: _Books, err: APIError, headers: dict[s
     """The worker was called and did not answer: the hold goes (nothing is billed), one access line,
     one ledger record, the error in OpenAI's shape."""
     err.headers = {**headers, **err.headers, "x-polyroute-cost-usd": "0"}
+    tracing.error(err, headers)
     await books.finish(state, err.status, trace=trace)
     state.metrics.errors.labels(err.code or err.type).inc()
     return error_response(err)
@@ -566,6 +569,7 @@ def _prepare(state, engine, tenant, model, body, inputs, request, spend):
     return texts, _admit(state, engine, tenant, model, body, texts, request, spend)
 
 
+@tracing.traced  # the request's span (gateway/tracing.py); nothing when tracing is off
 async def embeddings(request: Request) -> Response:
     state: AppState = request.app.state.polyroute
     started = time.perf_counter()
@@ -588,9 +592,11 @@ async def embeddings(request: Request) -> Response:
         headers |= await ratelimits.enforce(state.stores.limiter, state.metrics, key.tenant, limits)
         budget = tenant_budget(engine, key.tenant)
         spend = await budget_usage(state, key.tenant, budget)
-        texts, admission = await heavy_if(
-            large, _prepare, state, engine, key.tenant, body.model, body, inputs, request, spend
-        )
+        with tracing.step("policy"):
+            texts, admission = await heavy_if(
+                large, _prepare, state, engine, key.tenant, body.model, body, inputs, request, spend
+            )
+        tracing.admitted(admission)
         headers |= policy_headers(request_id, admission)
         if not admission.admits(worker.name):
             raise _not_admitted(admission, worker)
@@ -622,12 +628,15 @@ async def _answer(state, books: _Books, body, worker, inputs, texts, local_count
             async with asyncio.timeout(
                 max(0.0, books.started + state.settings.request_timeout_s - time.perf_counter())
             ):
-                if worker.embedder is not None:
-                    vectors = await _in_embed_thread(_encode_local, worker, texts)
-                    result = Embedded(vectors, sum(local_counts or ()))
-                    state.metrics.worker_attempts.labels(worker.name, "ok").inc()
-                else:
-                    result = await _call_remote(state, worker, inputs, body.dimensions, body.user)
+                with tracing.worker_call("embeddings", worker, state.api_base(worker)) as call:
+                    if worker.embedder is not None:
+                        vectors = await _in_embed_thread(_encode_local, worker, texts)
+                        result = Embedded(vectors, sum(local_counts or ()))
+                        state.metrics.worker_attempts.labels(worker.name, "ok").inc()
+                    else:
+                        result = await _call_remote(state, worker, inputs, body.dimensions, body.user)
+                    if call is not None:
+                        call.usage(result.prompt_tokens)
         except WorkerError as exc:
             return await _failed(state, books, _worker_error(exc), headers, trace)
         except TimeoutError:

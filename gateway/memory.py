@@ -32,6 +32,7 @@ from typing import Any
 import orjson
 from starlette.requests import Request
 
+from gateway import tracing
 from gateway.collections import retriever
 from gateway.errors import APIError
 from gateway.schemas import ChatCompletionRequest, Message
@@ -158,17 +159,18 @@ async def plan(request: Request, state, tenant: str, chat: ChatCompletionRequest
         sources.append((session, True))
     query = chat.last_user_text()
     try:
-        context = await asyncio.to_thread(
-            recall,
-            store,
-            tenant,
-            sources,
-            query,
-            settings.memory_index_size,
-            settings.memory_snippets,
-            settings.memory_mode,
-            pages=settings.memory_pages,
-        )
+        with tracing.step("retrieval", **{"polyroute.collections": len(sources)}):
+            context = await asyncio.to_thread(
+                recall,
+                store,
+                tenant,
+                sources,
+                query,
+                settings.memory_index_size,
+                settings.memory_snippets,
+                settings.memory_mode,
+                pages=settings.memory_pages,
+            )
     except Exception:
         log.exception("memory recall failed for tenant %s", tenant)
         raise APIError(

@@ -24,7 +24,7 @@ from typing import Any
 import litellm
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential_jitter
 
-from gateway import wire
+from gateway import tracing, wire
 from gateway.metrics import Metrics
 from gateway.schemas import ChatCompletionRequest
 from policies import Worker
@@ -244,6 +244,8 @@ class OpenStream:
     completion_tokens: int = 0
     cost_usd: Decimal = field(default=Decimal(0))
     messages: list[dict[str, Any]] | None = None  # to count the prompt if the provider reports no usage
+    trace: Any = None  # the worker call's span (tracing.WorkerCall), ended with the stream
+    finish_reasons: list[str] = field(default_factory=list)
     _texts: list[str] = field(default_factory=list)
     _usage_seen: bool = False
     _estimated: bool = False  # the usage was counted here, not reported by the provider
@@ -256,6 +258,8 @@ class OpenStream:
                 chunk = clean_chunk(self.worker, raw.model_dump() if hasattr(raw, "model_dump") else raw)
                 last = chunk
                 for choice in chunk["choices"]:
+                    if choice["finish_reason"]:
+                        self.finish_reasons.append(choice["finish_reason"])
                     delta = choice["delta"]
                     if delta.get("content"):
                         self._texts.append(delta["content"])
@@ -281,12 +285,17 @@ class OpenStream:
             return
         except Exception as exc:
             self.metrics.worker_attempts.labels(self.worker.name, "mid_stream_error").inc()
-            raise to_worker_error(self.worker, exc) from exc
+            err = to_worker_error(self.worker, exc)
+            if self.trace is not None:
+                self.trace.failed(err)
+            raise err from exc
         finally:
             await self.aclose()
 
     async def aclose(self) -> None:
         """Release the upstream connection (also when the consumer stops early)."""
+        if self.trace is not None:
+            self.trace.stream_ended(self)
         close = getattr(self.rest, "aclose", None)
         if close is not None:
             try:
@@ -436,8 +445,9 @@ class WorkerClient:
                 with attempt:
                     try:
                         result = await attempt_fn()
-                    except Exception:
+                    except Exception as exc:
                         self.metrics.worker_attempts.labels(worker.name, "error").inc()
+                        tracing.attempt_failed(exc)
                         raise
         except Exception as exc:
             err = to_worker_error(worker, exc)
@@ -447,9 +457,19 @@ class WorkerClient:
         return result
 
     async def complete(self, worker: Worker, api_base: str | None, chat: ChatCompletionRequest) -> Completion:
+        with tracing.worker_call("chat", worker, api_base, chat) as call:  # None when tracing is off
+            result = await self._complete(worker, api_base, chat)
+            if call is not None:
+                call.completed(result.body, result.prompt_tokens, result.completion_tokens)
+            return result
+
+    async def _complete(
+        self, worker: Worker, api_base: str | None, chat: ChatCompletionRequest
+    ) -> Completion:
         route = self._fast_route(worker, api_base, chat)
         if route is None:
             kwargs = self._kwargs(worker, api_base, chat)
+            tracing.inject_kwargs(kwargs)
             response = await self._with_retries(worker, lambda: litellm.acompletion(**kwargs))
             raw = response.model_dump()
         else:
@@ -461,9 +481,11 @@ class WorkerClient:
                         route.request(chat.forwarded_params(), self.messages_for(worker, chat), False)
                     )
                 url, headers, payload = built[0]
+                headers = tracing.inject(headers)  # the worker call's traceparent (when tracing is on)
                 return await wire.complete(self.pool, route, url, headers, payload, worker.timeout_s)
 
             raw = await self._with_retries(worker, attempt)
+        tracing.responded(raw)
         body = clean_completion(worker, raw)
         prompt_tokens, completion_tokens = _usage_counts(body.get("usage"))
         cost = litellm_cost(worker, prompt_tokens, completion_tokens)
@@ -474,9 +496,18 @@ class WorkerClient:
         self, worker: Worker, api_base: str | None, chat: ChatCompletionRequest
     ) -> OpenStream:
         """Start a stream and wait for its first chunk; failures up to then are retried and raised."""
+        with tracing.worker_call("chat", worker, api_base, chat, end=False) as call:  # ends with the stream
+            stream = await self._open_stream(worker, api_base, chat)
+            stream.trace = call
+            return stream
+
+    async def _open_stream(
+        self, worker: Worker, api_base: str | None, chat: ChatCompletionRequest
+    ) -> OpenStream:
         route = self._fast_route(worker, api_base, chat)
         if route is None:
             kwargs = self._kwargs(worker, api_base, chat)
+            tracing.inject_kwargs(kwargs)
             kwargs["stream"] = True
             kwargs["stream_options"] = dict(STREAM_USAGE)
 
@@ -493,9 +524,11 @@ class WorkerClient:
                     params = {**chat.forwarded_params(), "stream": True, "stream_options": dict(STREAM_USAGE)}
                     built.append(route.request(params, self.messages_for(worker, chat), True))
                 url, headers, payload = built[0]
+                headers = tracing.inject(headers)  # the worker call's traceparent (when tracing is on)
                 return await wire.open_stream(self.pool, route, url, headers, payload, worker.timeout_s)
 
         first, rest = await self._with_retries(worker, start)
+        tracing.responded(first)
         prompt_cost = litellm_cost(worker, max(1, chat.prompt_chars() // 4), 0)
         messages = self.messages_for(worker, chat)
         return OpenStream(worker, first, rest, self.metrics, prompt_cost, messages=messages)

@@ -130,6 +130,8 @@ class FakeUpstream:
         self.default = default or Behaviour()
         self.behaviours: dict[str, Behaviour] = {}
         self.requests: deque[dict[str, Any]] = deque(maxlen=2000)
+        # the HTTP headers of each recorded request, in the same order (e.g. the traceparent sent)
+        self.headers: deque[dict[str, str]] = deque(maxlen=2000)
         # (model, arrived, answered) per chat request, monotonic clock: which calls were in flight at once
         self.spans: deque[tuple[str, float, float]] = deque(maxlen=2000)
         self.app = Starlette(
@@ -156,9 +158,14 @@ class FakeUpstream:
         self.behaviours.clear()
         self.requests.clear()
         self.spans.clear()
+        self.headers.clear()
 
     def requests_for(self, model: str) -> list[dict[str, Any]]:
         return [r for r in self.requests if r.get("model") == model]
+
+    def headers_for(self, model: str) -> list[dict[str, str]]:
+        """The headers of the requests for `model`, in order."""
+        return [h for r, h in zip(self.requests, self.headers, strict=False) if r.get("model") == model]
 
     def _behaviour(self, model: str) -> Behaviour:
         return self.behaviours.get(model, self.default)
@@ -175,6 +182,7 @@ class FakeUpstream:
         except orjson.JSONDecodeError:
             return JSONResponse({"error": {"message": "bad json", "type": "invalid_request_error"}}, 400)
         self.requests.append(body)
+        self.headers.append(dict(request.headers))
         model = str(body.get("model", ""))
         try:
             return await self._answer(body, model)
@@ -304,6 +312,7 @@ class FakeUpstream:
         if model not in self.behaviours:
             return JSONResponse(_anthropic_error("not_found_error", f"model: {model}"), 404)
         self.requests.append(body)
+        self.headers.append(dict(request.headers))
         behaviour = self._behaviour(model)
         behaviour.calls += 1
         if behaviour.latency_s:
@@ -398,6 +407,7 @@ class FakeUpstream:
         except orjson.JSONDecodeError:
             return JSONResponse({"error": {"message": "bad json", "type": "invalid_request_error"}}, 400)
         self.requests.append(body)
+        self.headers.append(dict(request.headers))
         model = str(body.get("model", ""))
         behaviour = self._behaviour(model)
         behaviour.calls += 1
