@@ -92,7 +92,7 @@ def tgw(upstream, tmp_path_factory, exporter):
     policy_file = data_dir / "policy.yaml"
     policy_file.write_text(yaml.safe_dump(POLICY))
     catalog = parse_catalog(catalog_yaml_for(upstream.url) + embedding_worker(upstream.url), "test catalog")
-    gw = start_gateway(catalog, data_dir, policy_file=policy_file)
+    gw = start_gateway(catalog, data_dir, policy_file=policy_file, retrieval_embedder="minilm-static")
     yield gw
     gw.server.stop()
 
@@ -196,6 +196,26 @@ def test_a_stream_has_its_worker_span_end_with_the_stream(tgw, upstream, exporte
     assert root.attributes["polyroute.worker"] == "cheap" and root.attributes["polyroute.status"] == 200
 
 
+def test_a_request_with_memory_has_a_retrieval_span(tgw, upstream, exporter):
+    documents = [{"id": "d1", "text": "Vacation policy: employees get 30 days of paid leave a year."}]
+    added = httpx.post(
+        tgw.v1 + "/collections/handbook/documents",
+        headers=tgw.auth(),
+        json={"documents": documents},
+        timeout=60,
+    )
+    assert added.status_code == 200, added.text
+    upstream.behave("cheap-model", text="30 days")
+    response = chat(tgw, content="How many vacation days?", metadata={"collections": ["handbook"]})
+    assert response.status_code == 200, response.text
+    root, spans = request_tree(exporter, response.headers["x-polyroute-request-id"])
+    names = [s.name for s in children(spans, root)]
+    # recall comes first: the policy classifies the recalled text too, since the worker will see it
+    assert names == ["polyroute.retrieval", "polyroute.policy", "polyroute.route", "chat cheap-model"]
+    (retrieval,) = [s for s in spans if s.name == "polyroute.retrieval"]
+    assert retrieval.attributes["polyroute.collections"] == 1
+
+
 def test_fallback_is_one_span_per_worker_the_failed_one_in_error(tgw, upstream, exporter):
     upstream.behave("cheap-model", status=500)
     upstream.behave("mid-model", text="mid saved the day")
@@ -271,6 +291,21 @@ def test_an_anthropic_messages_request_is_traced_the_same_way(tgw, upstream, exp
     (call,) = worker_calls(spans)
     assert call.attributes["gen_ai.usage.output_tokens"] == 2
     assert call.attributes["gen_ai.request.max_tokens"] == 16
+
+
+def test_a_responses_api_request_is_traced_the_same_way(tgw, upstream, exporter):
+    upstream.behave("cheap-model", text="hello there")
+    response = httpx.post(
+        tgw.v1 + "/responses", headers=tgw.auth(), json={"model": "auto", "input": QUESTION}, timeout=60
+    )
+    assert response.status_code == 200, response.text
+    root, spans = request_tree(exporter, response.headers["x-polyroute-request-id"])
+    assert root.name == "POST /v1/responses"
+    assert [s.name for s in children(spans, root)] == [
+        "polyroute.policy",
+        "polyroute.route",
+        "chat cheap-model",
+    ]
 
 
 def test_an_embeddings_request_has_an_embeddings_worker_span(tgw, upstream, exporter):
