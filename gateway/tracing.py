@@ -8,7 +8,7 @@ On, each request is one SERVER span (continuing the client's W3C `traceparent`) 
 `polyroute.policy`, `polyroute.retrieval` (when memory applies), `polyroute.route`, an optional
 `polyroute.compose` around a workflow's steps, and one CLIENT span per worker call
 (`chat <model>` / `embeddings <model>`), GenAI semantic-convention attributes on it. A worker
-call's span covers its retries (each failed attempt is a `retry` event on it); fallback to another
+call's span covers its retries (each failed attempt is an `attempt_failed` event on it); fallback to another
 worker is another span. Outgoing worker HTTP requests carry the worker-call span's `traceparent`.
 
 Prompt and answer text go into spans only with POLYROUTE_OTEL_CAPTURE_CONTENT=true, and only for
@@ -419,7 +419,7 @@ def attempt_failed(exc: BaseException) -> None:
     if _tracer is not None:
         status = getattr(exc, "status_code", None)
         trace.get_current_span().add_event(
-            "retry", {"error.type": str(status) if status is not None else type(exc).__name__}
+            "attempt_failed", {"error.type": str(status) if status is not None else type(exc).__name__}
         )
 
 

@@ -228,7 +228,7 @@ def test_fallback_is_one_span_per_worker_the_failed_one_in_error(tgw, upstream, 
     )
     assert failed.status.status_code == StatusCode.ERROR and failed.attributes["error.type"] == "500"
     retries = tgw.state.settings.retries
-    assert [e.name for e in failed.events] == ["retry"] * (retries + 1)  # each attempt failed
+    assert [e.name for e in failed.events] == ["attempt_failed"] * (retries + 1)  # each attempt failed
     assert answered.status.status_code != StatusCode.ERROR
     assert {failed.parent.span_id, answered.parent.span_id} == {root.context.span_id}
     assert root.attributes["polyroute.worker"] == "mid"
