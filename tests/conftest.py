@@ -153,6 +153,20 @@ def ledger_record(gw, request_id: str, timeout_s: float = 60.0) -> dict:
         time.sleep(0.05)
 
 
+def budget_gateway(upstream: FakeUpstream, data_dir: Path, daily_usd: str) -> Gateway:
+    """The test catalog's gateway with one policy: tenant acme (the test key's) may spend daily_usd a day."""
+    import yaml
+
+    policy_file = data_dir / "policy.yaml"
+    data_dir.mkdir(parents=True, exist_ok=True)
+    policy_file.write_text(
+        yaml.safe_dump({"version": "b", "tenants": {"acme": {"budget": {"daily_usd": daily_usd}}}})
+    )
+    return start_gateway(
+        parse_catalog(catalog_yaml_for(upstream.url)), data_dir / "data", policy_file=policy_file
+    )
+
+
 @pytest.fixture(scope="session")
 def gateway(upstream: FakeUpstream, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
     catalog = parse_catalog(catalog_yaml_for(upstream.url), "test catalog")

@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from policies import parse_catalog
-from tests.conftest import catalog_yaml_for, ledger_record, start_gateway
+from tests.conftest import budget_gateway, catalog_yaml_for, ledger_record, start_gateway
 
 HELLO = [{"role": "user", "content": "Say hello in five words"}]
 PII = [{"role": "user", "content": "Please e-mail the summary to jane.doe@example.com"}]
@@ -391,13 +391,7 @@ def test_context_length_is_400(agw, upstream):
 
 
 def test_budget_holds_on_messages(upstream, tmp_path):
-    policy_file = tmp_path / "policy.yaml"
-    policy_file.write_text(
-        yaml.safe_dump({"version": "b", "tenants": {"acme": {"budget": {"daily_usd": "0.0000025"}}}})
-    )
-    gw = start_gateway(
-        parse_catalog(catalog_yaml_for(upstream.url)), tmp_path / "data", policy_file=policy_file
-    )
+    gw = budget_gateway(upstream, tmp_path, "0.0000025")
     try:
         upstream.behave("cheap-model", prompt_tokens=10, completion_tokens=5)  # $0.000002 at cheap's prices
         first = client(gw).messages.with_raw_response.create(model="auto", max_tokens=5, messages=HELLO)

@@ -23,7 +23,7 @@ import yaml
 from gateway.store.health import Breaker
 from gateway.store.responses import MemoryResponses, RedisResponses
 from policies import parse_catalog
-from tests.conftest import catalog_yaml_for, ledger_record, start_gateway
+from tests.conftest import budget_gateway, catalog_yaml_for, ledger_record, start_gateway
 
 PII = "Please e-mail the summary to jane.doe@example.com"
 WEATHER_TOOL = {
@@ -530,13 +530,7 @@ def test_all_workers_failing_is_502(rgw, upstream):
 
 
 def test_budget_holds_on_responses(upstream, tmp_path):
-    policy_file = tmp_path / "policy.yaml"
-    policy_file.write_text(
-        yaml.safe_dump({"version": "b", "tenants": {"acme": {"budget": {"daily_usd": "0.0000025"}}}})
-    )
-    gw = start_gateway(
-        parse_catalog(catalog_yaml_for(upstream.url)), tmp_path / "data", policy_file=policy_file
-    )
+    gw = budget_gateway(upstream, tmp_path, "0.0000025")
     try:
         upstream.behave("cheap-model", prompt_tokens=10, completion_tokens=5)  # $0.000002 at cheap's prices
         first = client(gw).responses.with_raw_response.create(model="auto", input="hi", max_output_tokens=5)
