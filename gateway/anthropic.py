@@ -364,9 +364,7 @@ async def count_tokens(request: Request) -> Response:
                 code="model_not_found",
                 param="model",
             )
-        tenant = engine.policy.tenants.get(key.tenant) if engine is not None else None
-        rate = tenant.rate_limit if tenant is not None else None
-        limits = ratelimits.limits_for(key, rate.rpm if rate else None, rate.tpm if rate else None, 0)
+        limits = ratelimits.limits_under(engine, key, 0)
         headers = await ratelimits.enforce(state.stores.limiter, state.metrics, key.tenant, limits)
         chat, _, _ = translate(body)
         counted = await heavy_if(is_large(request), _count, worker.model if worker else None, chat)

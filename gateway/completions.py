@@ -397,7 +397,7 @@ async def budget_usage(state: AppState, tenant: str, limits: Limits) -> Spend:
         return await state.stores.budgets.usage(tenant)
     except StoreUnavailable as exc:
         state.metrics.store_unavailable.labels("budgets").inc()
-        raise _budget_store_down(exc) from None
+        raise budget_store_down(exc) from None
     except StoreReplyError as exc:
         raise store_reply_error(exc) from None
 
@@ -413,7 +413,7 @@ def store_reply_error(exc: StoreReplyError) -> APIError:
     )
 
 
-def _budget_store_down(exc: Exception) -> APIError:
+def budget_store_down(exc: Exception) -> APIError:
     return APIError(
         503,
         f"This tenant has a budget and the budget store cannot be reached, so no worker is called "
@@ -516,7 +516,7 @@ class Exchange:
         except StoreUnavailable as exc:
             state.metrics.store_unavailable.labels("budgets").inc()
             raise BudgetRefusal(
-                worker.name, 503, _budget_store_down(exc).message, "budget_store_unavailable"
+                worker.name, 503, budget_store_down(exc).message, "budget_store_unavailable"
             ) from None
         self.holds.append(reservation)
 
@@ -567,16 +567,15 @@ class Exchange:
                 state.stores.limiter, self.tenant, self.limits, total.prompt_tokens + total.completion_tokens
             )
         latency_ms = round((time.perf_counter() - self.started) * 1000, 2)
-        access.info(
-            "%s tenant=%s model=%s worker=%s strategy=%s status=%d latency_ms=%.0f cost_usd=%s",
+        log_access(
             self.request_id,
             self.tenant,
             self.chat.model,
-            worker or "-",
+            worker,
             strategy or self.decision.strategy,
             status,
             latency_ms,
-            f"{(self.settled_micros + micros) / 1e6:.6f}",
+            self.settled_micros + micros,
         )
         state.ledger.record_request(
             RequestRecord(
@@ -615,6 +614,32 @@ class Exchange:
         )
 
 
+def log_access(
+    request_id: str,
+    tenant: str,
+    model: str,
+    worker: str | None,
+    strategy: str,
+    status: int,
+    latency_ms: float,
+    cost_micros: int,
+    extra: str = "",
+) -> None:
+    """The one access line of a request that reached the books (`extra`: an endpoint's own fields)."""
+    access.info(
+        "%s tenant=%s model=%s worker=%s strategy=%s status=%d latency_ms=%.0f cost_usd=%s%s",
+        request_id,
+        tenant,
+        model,
+        worker or "-",
+        strategy,
+        status,
+        latency_ms,
+        f"{cost_micros / 1e6:.6f}",
+        f" {extra}" if extra else "",
+    )
+
+
 def refused(
     state: AppState, err: APIError, headers: dict[str, str], wire: Wire = OPENAI, endpoint: str = ""
 ) -> Response:
@@ -651,12 +676,8 @@ async def serve(request: Request, wire: Wire) -> Response:
         wire.authenticated(key.tenant)
         chat = await wire.read(request, state)
         tenant = engine.policy.tenants.get(key.tenant) if engine is not None else None
-        rate = tenant.rate_limit if tenant is not None else None
-        limits = ratelimits.limits_for(
-            key,
-            rate.rpm if rate else None,
-            rate.tpm if rate else None,
-            sum(estimate_tokens(chat.prompt_chars(), chat.output_budget())),
+        limits = ratelimits.limits_under(
+            engine, key, sum(estimate_tokens(chat.prompt_chars(), chat.output_budget()))
         )
         headers |= await ratelimits.enforce(state.stores.limiter, state.metrics, key.tenant, limits)
         budget = tenant_budget(engine, key.tenant)

@@ -41,8 +41,10 @@ from gateway import ratelimits, tracing
 from gateway.body import heavy_if, is_large, read_model
 from gateway.completions import (
     DATA_CLASS_HEADER,
+    budget_store_down,
     budget_usage,
     format_cost,
+    log_access,
     policy_headers,
     refused,
     store_reply_error,
@@ -57,7 +59,6 @@ from policies import Admission, PolicyRequest, PolicyRequestError, Worker
 from policies.catalog import Kind
 
 log = logging.getLogger("polyroute.gateway")
-access = logging.getLogger("polyroute.access")
 
 AUTO = "auto"
 STRATEGY = "embedding"  # the strategy label of embeddings in metrics, the access line and the ledger
@@ -490,14 +491,7 @@ class _Books:
             ) from None
         except StoreUnavailable as exc:
             state.metrics.store_unavailable.labels("budgets").inc()
-            raise APIError(
-                503,
-                f"This tenant has a budget and the budget store cannot be reached, so no worker is called "
-                f"(budgets fail closed): {exc}",
-                type="server_error",
-                code="budget_store_unavailable",
-                headers={"retry-after": "1"},
-            ) from None
+            raise budget_store_down(exc) from None
 
     async def finish(
         self, state: AppState, status: int, prompt_tokens: int = 0, cost: Decimal = Decimal(0), trace=None
@@ -512,9 +506,7 @@ class _Books:
         if self.limits:
             await ratelimits.correct_tokens(state.stores.limiter, self.tenant, self.limits, prompt_tokens)
         latency_ms = round((time.perf_counter() - self.started) * 1000, 2)
-        access.info(
-            "%s tenant=%s model=%s worker=%s strategy=%s status=%d latency_ms=%.0f cost_usd=%s "
-            "endpoint=embeddings inputs=%d",
+        log_access(
             self.request_id,
             self.tenant,
             self.model,
@@ -522,8 +514,8 @@ class _Books:
             STRATEGY,
             status,
             latency_ms,
-            f"{micros / 1e6:.6f}",
-            self.inputs,
+            micros,
+            f"endpoint=embeddings inputs={self.inputs}",
         )
         state.ledger.record_request(
             EmbeddingRecord(
@@ -585,10 +577,8 @@ async def embeddings(request: Request) -> Response:
         _check_dimensions(worker, body.dimensions)
         if engine is not None:
             headers["x-polyroute-policy-version"] = engine.version
-        tenant = engine.policy.tenants.get(key.tenant) if engine is not None else None
-        rate = tenant.rate_limit if tenant is not None else None
         estimate = sum(len(i) if isinstance(i, list) else max(1, len(i) // 4) for i in inputs)
-        limits = ratelimits.limits_for(key, rate.rpm if rate else None, rate.tpm if rate else None, estimate)
+        limits = ratelimits.limits_under(engine, key, estimate)
         headers |= await ratelimits.enforce(state.stores.limiter, state.metrics, key.tenant, limits)
         budget = tenant_budget(engine, key.tenant)
         spend = await budget_usage(state, key.tenant, budget)

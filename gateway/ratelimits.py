@@ -10,6 +10,7 @@ logged and counted): availability over strictness, since budgets still fail clos
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from gateway.errors import APIError
 from gateway.keys import KeyRecord
@@ -32,6 +33,13 @@ def limits_for(key: KeyRecord, tenant_rpm: int | None, tenant_tpm: int | None, t
         if tpm:
             limits.append(Limit(f"{scope}:{owner}|tpm", "tokens", tpm, tokens))
     return limits
+
+
+def limits_under(engine: Any, key: KeyRecord, tokens: int) -> list[Limit]:
+    """The key's limits and its tenant's under the policy in force (`engine`; None: no policy)."""
+    tenant = engine.policy.tenants.get(key.tenant) if engine is not None else None
+    rate = tenant.rate_limit if tenant is not None else None
+    return limits_for(key, rate.rpm if rate else None, rate.tpm if rate else None, tokens)
 
 
 def duration(ms: int) -> str:

@@ -577,10 +577,7 @@ async def _authorized(request: Request) -> tuple[AppState, str, dict[str, str]]:
     """GET/DELETE: the key's tenant, rate limited as one request of no tokens (as count_tokens is)."""
     state: AppState = request.app.state.polyroute
     key = await state.auth.client(request)
-    engine = state.policy.engine
-    tenant = engine.policy.tenants.get(key.tenant) if engine is not None else None
-    rate = tenant.rate_limit if tenant is not None else None
-    limits = ratelimits.limits_for(key, rate.rpm if rate else None, rate.tpm if rate else None, 0)
+    limits = ratelimits.limits_under(state.policy.engine, key, 0)
     headers = await ratelimits.enforce(state.stores.limiter, state.metrics, key.tenant, limits)
     return state, key.tenant, headers
 

