@@ -409,10 +409,16 @@ class WorkerClient:
         messages = chat.messages_payload()
         return fold_system(messages) if worker.folds_system else messages
 
-    def _kwargs(self, worker: Worker, api_base: str | None, chat: ChatCompletionRequest) -> dict[str, Any]:
+    def _kwargs(
+        self,
+        worker: Worker,
+        api_base: str | None,
+        chat: ChatCompletionRequest,
+        messages: list[dict[str, Any]] | None = None,
+    ) -> dict[str, Any]:
         kwargs: dict[str, Any] = {
             "model": worker.model,
-            "messages": self.messages_for(worker, chat),
+            "messages": self.messages_for(worker, chat) if messages is None else messages,
             "timeout": worker.timeout_s,
             "num_retries": 0,  # retries are ours (tenacity), so they are counted and bounded here
             # Tools belong to the client; without this litellm sends them through its MCP gateway.
@@ -505,8 +511,9 @@ class WorkerClient:
         self, worker: Worker, api_base: str | None, chat: ChatCompletionRequest
     ) -> OpenStream:
         route = self._fast_route(worker, api_base, chat)
+        messages = self.messages_for(worker, chat)  # sent, and kept to count usage the worker may not send
         if route is None:
-            kwargs = self._kwargs(worker, api_base, chat)
+            kwargs = self._kwargs(worker, api_base, chat, messages)
             tracing.inject_kwargs(kwargs)
             kwargs["stream"] = True
             kwargs["stream_options"] = dict(STREAM_USAGE)
@@ -522,7 +529,7 @@ class WorkerClient:
             async def start():
                 if not built:
                     params = {**chat.forwarded_params(), "stream": True, "stream_options": dict(STREAM_USAGE)}
-                    built.append(route.request(params, self.messages_for(worker, chat), True))
+                    built.append(route.request(params, messages, True))
                 url, headers, payload = built[0]
                 headers = tracing.inject(headers)  # the worker call's traceparent (when tracing is on)
                 return await wire.open_stream(self.pool, route, url, headers, payload, worker.timeout_s)
@@ -530,5 +537,4 @@ class WorkerClient:
         first, rest = await self._with_retries(worker, start)
         tracing.responded(first)
         prompt_cost = litellm_cost(worker, max(1, chat.prompt_chars() // 4), 0)
-        messages = self.messages_for(worker, chat)
         return OpenStream(worker, first, rest, self.metrics, prompt_cost, messages=messages)
