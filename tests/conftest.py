@@ -153,6 +153,25 @@ def ledger_record(gw, request_id: str, timeout_s: float = 60.0) -> dict:
         time.sleep(0.05)
 
 
+def stream_and_hang_up(
+    url: str, headers: dict[str, str], body: dict, marker: str, after: int = 10
+) -> tuple[str, int]:
+    """A client that reads a stream's data lines and hangs up after `after` of them hold `marker`.
+    Returns the request id and how many such lines it received."""
+    import httpx
+
+    received = 0
+    with httpx.Client(timeout=60) as http, http.stream("POST", url, headers=headers, json=body) as response:
+        assert response.status_code == 200, response.read()
+        request_id = response.headers["x-polyroute-request-id"]
+        for line in response.iter_lines():
+            if line.startswith("data:") and marker in line:
+                received += 1
+                if received == after:
+                    break  # hang up: leaving the block closes the connection mid-stream
+    return request_id, received
+
+
 def budget_gateway(upstream: FakeUpstream, data_dir: Path, daily_usd: str) -> Gateway:
     """The test catalog's gateway with one policy: tenant acme (the test key's) may spend daily_usd a day."""
     import yaml

@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from policies import parse_catalog
-from tests.conftest import budget_gateway, catalog_yaml_for, ledger_record, start_gateway
+from tests.conftest import budget_gateway, catalog_yaml_for, ledger_record, start_gateway, stream_and_hang_up
 
 HELLO = [{"role": "user", "content": "Say hello in five words"}]
 PII = [{"role": "user", "content": "Please e-mail the summary to jane.doe@example.com"}]
@@ -588,21 +588,12 @@ def test_a_client_that_hangs_up_mid_stream_pays_for_what_was_streamed(agw, upstr
     """The pipeline's streamed billing holds on Anthropic's event stream too: 499, counted here."""
     long_text = " ".join(f"word{i}" for i in range(100))
     upstream.behave("cheap-model", text=long_text, chunk_delay_s=0.05, stream_usage=False)
-    received = 0
-    with httpx.Client(timeout=60) as http:
-        with http.stream(
-            "POST",
-            agw.url + "/v1/messages",
-            headers={"x-api-key": agw.api_key},
-            json={"model": "auto", "max_tokens": 200, "messages": HELLO, "stream": True},
-        ) as response:
-            assert response.status_code == 200
-            request_id = response.headers["x-polyroute-request-id"]
-            for line in response.iter_lines():
-                if line.startswith("data:") and '"text_delta"' in line:
-                    received += 1
-                    if received == 10:
-                        break  # hang up: leaving the block closes the connection mid-stream
+    request_id, received = stream_and_hang_up(
+        agw.url + "/v1/messages",
+        {"x-api-key": agw.api_key},
+        {"model": "auto", "max_tokens": 200, "messages": HELLO, "stream": True},
+        '"text_delta"',
+    )
     record = ledger_record(agw, request_id)
     assert record["status"] == 499 and record["trace"]["stream"] == "client_disconnected"
     assert record["trace"]["usage"] == "estimated"

@@ -23,7 +23,7 @@ import yaml
 from gateway.store.health import Breaker
 from gateway.store.responses import MemoryResponses, RedisResponses
 from policies import parse_catalog
-from tests.conftest import budget_gateway, catalog_yaml_for, ledger_record, start_gateway
+from tests.conftest import budget_gateway, catalog_yaml_for, ledger_record, start_gateway, stream_and_hang_up
 
 PII = "Please e-mail the summary to jane.doe@example.com"
 WEATHER_TOOL = {
@@ -611,21 +611,12 @@ def test_a_client_that_hangs_up_mid_stream_pays_for_what_was_streamed(rgw, upstr
     """The pipeline's streamed billing holds on the Responses event stream too: 499, counted here."""
     long_text = " ".join(f"word{i}" for i in range(100))
     upstream.behave("cheap-model", text=long_text, chunk_delay_s=0.05, stream_usage=False)
-    received = 0
-    with httpx.Client(timeout=60) as http:
-        with http.stream(
-            "POST",
-            rgw.v1 + "/responses",
-            headers=rgw.auth(),
-            json={"model": "auto", "input": "count to a hundred", "stream": True},
-        ) as response:
-            assert response.status_code == 200
-            request_id = response.headers["x-polyroute-request-id"]
-            for line in response.iter_lines():
-                if line.startswith("data:") and '"response.output_text.delta"' in line:
-                    received += 1
-                    if received == 10:
-                        break  # hang up: leaving the block closes the connection mid-stream
+    request_id, received = stream_and_hang_up(
+        rgw.v1 + "/responses",
+        rgw.auth(),
+        {"model": "auto", "input": "count to a hundred", "stream": True},
+        '"response.output_text.delta"',
+    )
     record = ledger_record(rgw, request_id)
     assert record["status"] == 499 and record["trace"]["stream"] == "client_disconnected"
     assert received <= record["completion_tokens"]
