@@ -192,10 +192,11 @@ def evaluate(
             root.mkdir(parents=True, exist_ok=True)
         else:
             root = Path(stack.enter_context(tempfile.TemporaryDirectory(dir=work_dir)))
-        report = _evaluate_in(
-            root,
+        retriever = Retriever(RetrievalConfig(root=root, embedder=embedder, candidates=candidates))
+        stack.callback(retriever.close)  # before the temporary dir goes (the stack unwinds in reverse)
+        report = _run(
+            retriever,
             data,
-            embedder,
             methods,
             candidates,
             max_queries,
@@ -208,14 +209,6 @@ def evaluate(
     report["dataset"] = str(dataset)
     report["embedder"] = embedder
     return report
-
-
-def _evaluate_in(root, data, embedder, *args) -> dict:
-    retriever = Retriever(RetrievalConfig(root=root, embedder=embedder, candidates=args[1]))
-    try:
-        return _run(retriever, data, *args)
-    finally:
-        retriever.close()
 
 
 def _run(
