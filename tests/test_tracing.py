@@ -104,6 +104,19 @@ def chat(gw, content: str = QUESTION, headers: dict | None = None, **extra) -> h
     )
 
 
+def stream_chat(gw) -> tuple[str, bytes]:
+    """A streamed chat request read to its end: the request id and the body."""
+    with httpx.stream(
+        "POST",
+        gw.v1 + "/chat/completions",
+        headers=gw.auth(),
+        json={"model": "auto", "messages": [{"role": "user", "content": QUESTION}], "stream": True},
+        timeout=60,
+    ) as response:
+        assert response.status_code == 200
+        return response.headers["x-polyroute-request-id"], response.read()
+
+
 def request_tree(exporter, request_id: str) -> tuple[object, list]:
     """The request's SERVER span and every span of its trace, once the request span has ended."""
     deadline = time.monotonic() + MAX_WAIT_S
@@ -175,16 +188,7 @@ def test_a_chat_request_is_one_trace_policy_route_and_the_worker_call(tgw, upstr
 
 def test_a_stream_has_its_worker_span_end_with_the_stream(tgw, upstream, exporter):
     upstream.behave("cheap-model", text="one two three", prompt_tokens=5, completion_tokens=3)
-    with httpx.stream(
-        "POST",
-        tgw.v1 + "/chat/completions",
-        headers=tgw.auth(),
-        json={"model": "auto", "messages": [{"role": "user", "content": QUESTION}], "stream": True},
-        timeout=60,
-    ) as response:
-        assert response.status_code == 200
-        request_id = response.headers["x-polyroute-request-id"]
-        body = b"".join(response.iter_bytes())
+    request_id, body = stream_chat(tgw)
     assert b"[DONE]" in body
     root, spans = request_tree(exporter, request_id)
     (call,) = worker_calls(spans)
@@ -342,15 +346,7 @@ def test_traceparent_from_the_client_is_continued_and_sent_to_the_worker(tgw, up
 
 def test_a_streamed_worker_call_carries_its_traceparent_too(tgw, upstream, exporter):
     upstream.behave("cheap-model", text="streamed words")
-    with httpx.stream(
-        "POST",
-        tgw.v1 + "/chat/completions",
-        headers=tgw.auth(),
-        json={"model": "auto", "messages": [{"role": "user", "content": QUESTION}], "stream": True},
-        timeout=60,
-    ) as response:
-        request_id = response.headers["x-polyroute-request-id"]
-        response.read()
+    request_id, _ = stream_chat(tgw)
     _, spans = request_tree(exporter, request_id)
     (call,) = worker_calls(spans)
     assert upstream.headers_for("cheap-model")[-1]["traceparent"] == traceparent_of(call)
