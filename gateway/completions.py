@@ -39,6 +39,7 @@ from gateway.store import (
 )
 from gateway.upstream import Completion, OpenStream, WorkerError
 from policies import Admission, PolicyRequest, PolicyRequestError, Spend, estimate_tokens, predicted_cost
+from policies.catalog import Kind
 from router import RouteDecision, RouteRequest, estimate_cost
 from router.routelog import route_log
 
@@ -159,13 +160,7 @@ def admission_for(
     extra_texts: tuple[str, ...] = (),
 ) -> Admission:
     """Ask the policy in force which workers may serve this request. Fails closed."""
-    if engine is None:
-        raise APIError(
-            503,
-            f"No valid policy is loaded, so no worker may be called: {state.policy.last_error}",
-            type="server_error",
-            code="policy_unavailable",
-        )
+    require_policy(state, engine)
     version = {"x-polyroute-policy-version": engine.version}
     # A workflow (compose:<name>) draws from the same pool as auto, under the same rules.
     model = AUTO if chat.model.startswith(compose.PREFIX) else chat.model
@@ -193,8 +188,28 @@ def admission_for(
         max_output_tokens=chat.output_budget(),
         spend=spend,
     )
+    return evaluate_policy(state, engine, policy_request)
+
+
+def require_policy(state: AppState, engine) -> None:
+    """Fail closed: with no valid policy loaded, no worker may be called."""
+    if engine is None:
+        raise APIError(
+            503,
+            f"No valid policy is loaded, so no worker may be called: {state.policy.last_error}",
+            type="server_error",
+            code="policy_unavailable",
+        )
+
+
+def evaluate_policy(
+    state: AppState, engine, policy_request: PolicyRequest, kind: Kind = Kind.chat
+) -> Admission:
+    """The policy's verdict over the catalog's workers of `kind`; a policy that cannot be evaluated
+    refuses the request (503) rather than guess."""
+    version = {"x-polyroute-policy-version": engine.version}
     try:
-        return engine.evaluate(policy_request, state.catalog, state.down_workers())
+        return engine.evaluate(policy_request, state.catalog, state.down_workers(), kind=kind)
     except PolicyRequestError as exc:
         raise APIError(
             400, str(exc), param="metadata.data_class", code="invalid_data_class", headers=version

@@ -43,10 +43,12 @@ from gateway.completions import (
     DATA_CLASS_HEADER,
     budget_store_down,
     budget_usage,
+    evaluate_policy,
     format_cost,
     log_access,
     policy_headers,
     refused,
+    require_policy,
     store_reply_error,
     tenant_budget,
 )
@@ -55,7 +57,7 @@ from gateway.ledger import RequestRecord
 from gateway.state import AppState
 from gateway.store import BudgetExceeded, Reservation, StoreReplyError, StoreUnavailable, to_micros
 from gateway.upstream import WorkerError
-from policies import Admission, PolicyRequest, PolicyRequestError, Worker
+from policies import Admission, PolicyRequest, Worker
 from policies.catalog import Kind
 
 log = logging.getLogger("polyroute.gateway")
@@ -356,13 +358,7 @@ def _embedding_names(state: AppState, engine) -> list[str]:
 
 def _admit(state: AppState, engine, tenant: str, model: str, body: EmbeddingRequest, texts, request, spend):
     """The policy's verdict over the embedding workers (detection over every text a worker is sent)."""
-    if engine is None:
-        raise APIError(
-            503,
-            f"No valid policy is loaded, so no worker may be called: {state.policy.last_error}",
-            type="server_error",
-            code="policy_unavailable",
-        )
+    require_policy(state, engine)
     policy_request = PolicyRequest(
         tenant=tenant,
         model=model,
@@ -372,22 +368,7 @@ def _admit(state: AppState, engine, tenant: str, model: str, body: EmbeddingRequ
         max_output_tokens=None,
         spend=spend,
     )
-    version = {"x-polyroute-policy-version": engine.version}
-    try:
-        return engine.evaluate(policy_request, state.catalog, state.down_workers(), kind=Kind.embedding)
-    except PolicyRequestError as exc:
-        raise APIError(
-            400, str(exc), param="metadata.data_class", code="invalid_data_class", headers=version
-        ) from None
-    except Exception:
-        log.exception("policy %s could not be evaluated; refusing the request", engine.version)
-        raise APIError(
-            503,
-            "The policy could not be evaluated for this request; no worker was called.",
-            type="server_error",
-            code="policy_evaluation_failed",
-            headers=version,
-        ) from None
+    return evaluate_policy(state, engine, policy_request, Kind.embedding)
 
 
 def _not_admitted(admission: Admission, worker: Worker) -> APIError:
