@@ -51,6 +51,7 @@ def test_bf16_vectors_stay_in_fp32_space():
     a, b, c = fp32.encode(TEXTS), bf16.encode(TEXTS), auto.encode(TEXTS)
     assert fp32.compute == "fp32" and bf16.compute == "bf16"
     assert auto.compute == ("bf16" if native_bf16() else "fp32")
+    np.testing.assert_allclose(c, b if native_bf16() else a, atol=1e-6)
     assert b.dtype == np.float32 and b.shape == a.shape
     np.testing.assert_allclose(np.linalg.norm(b, axis=1), 1.0, atol=1e-5)
     cosines = (a * b).sum(axis=1)
