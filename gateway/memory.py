@@ -46,6 +46,7 @@ from retrieval import (
     MemoryContext,
     Retriever,
     check_name,
+    directive_query,
     parse_directive,
     recall,
     session_collection,
@@ -73,9 +74,9 @@ class MemoryPlan:
     # admitted workers (a stricter data class than the request's), or None.
     withhold: Callable[[str], str | None] | None = None
 
-    def reveal(self, handle: str, level: object) -> str:
+    def reveal(self, handle: str, level: object, query: str | None = None) -> str:
         """An expansion's text, unless the policy classes it above what this request was admitted for."""
-        text = self.context.expand(handle, level)
+        text = self.context.expand(handle, level, query)
         reason = self.withhold(text) if self.withhold is not None else None
         if reason is not None:
             self.log.append(f"{handle}:withheld")
@@ -170,6 +171,8 @@ async def plan(request: Request, state, tenant: str, chat: ChatCompletionRequest
                 settings.memory_snippets,
                 settings.memory_mode,
                 pages=settings.memory_pages,
+                title_words=settings.memory_title_words,
+                summary_words=settings.memory_summary_words,
             )
     except Exception:
         log.exception("memory recall failed for tenant %s", tenant)
@@ -229,27 +232,32 @@ def _memory_calls(message: dict[str, Any]) -> tuple[list[dict], list[dict]]:
     return mine, [c for c in calls if c not in mine]
 
 
-def _arguments(call: dict) -> tuple[str, object]:
+def _arguments(call: dict) -> tuple[str, object, str | None]:
+    """(id, level, steering query) of a memory_expand call; a malformed call reads as an unknown id."""
     try:
         args = orjson.loads((call.get("function") or {}).get("arguments") or "{}")
     except orjson.JSONDecodeError:
         args = {}
     if not isinstance(args, dict):
         args = {}
-    return str(args.get("id", "")), args.get("level", 2)
+    query = args.get("query")
+    return str(args.get("id", "")), args.get("level", 2), query if isinstance(query, str) else None
 
 
-def _expand_tools(chat: ChatCompletionRequest, memory: MemoryPlan, message: dict, calls: list[dict]):
+async def _expand_tools(
+    chat: ChatCompletionRequest, memory: MemoryPlan, message: dict, calls: list[dict]
+) -> ChatCompletionRequest:
     results = []
     for call in calls:
-        handle, level = _arguments(call)
+        handle, level, query = _arguments(call)
         memory.expansions += 1
-        memory.log.append(f"{handle}:{level}")
+        memory.log.append(f"{handle}:{level}" + (":query" if query else ""))
         results.append(
             Message(
                 role="tool",
                 tool_call_id=call.get("id") or "call",
-                content=memory.reveal(handle, level),
+                # Off the event loop: a full read or a steered search waits on the shard (and embeds).
+                content=await asyncio.to_thread(memory.reveal, handle, level, query),
             )
         )
     assistant = Message.model_validate(
@@ -258,11 +266,14 @@ def _expand_tools(chat: ChatCompletionRequest, memory: MemoryPlan, message: dict
     return chat.model_copy(update={"messages": [*chat.messages, assistant, *results]})
 
 
-def _expand_text(chat: ChatCompletionRequest, memory: MemoryPlan, content: str, directive: tuple[str, str]):
+async def _expand_text(
+    chat: ChatCompletionRequest, memory: MemoryPlan, content: str, directive: tuple[str, str]
+) -> ChatCompletionRequest:
     handle, level = directive
+    query = directive_query(content)
     memory.expansions += 1
-    memory.log.append(f"{handle}:{level}")
-    text = memory.reveal(handle, level)
+    memory.log.append(f"{handle}:{level}" + (":query" if query else ""))
+    text = await asyncio.to_thread(memory.reveal, handle, level, query)
     messages = [
         *chat.messages,
         Message(role="assistant", content=content.strip() or f"{TEXT_DIRECTIVE} {handle} {level}"),
@@ -371,7 +382,7 @@ async def complete(state, ex, worker, api_base) -> Completion:
                 chat = _final(chat, ex.chat, tools)
                 await _ask(state, ex, worker, api_base, chat, rounds)
                 break
-            chat = _expand_tools(chat, memory, message, mine)
+            chat = await _expand_tools(chat, memory, message, mine)
         else:
             content = message.get("content") or ""
             directive = parse_directive(content) if isinstance(content, str) else None
@@ -381,7 +392,7 @@ async def complete(state, ex, worker, api_base) -> Completion:
                 chat = _final(chat, ex.chat, tools)
                 await _ask(state, ex, worker, api_base, chat, rounds)
                 break
-            chat = _expand_text(chat, memory, content, directive)
+            chat = await _expand_text(chat, memory, content, directive)
     ex.answered()  # the merged answer carries every round's usage and cost
     merged = _merge(rounds)
     _strip_directives(merged.body)
@@ -565,11 +576,11 @@ async def open_stream(state, ex, worker, api_base) -> OpenStream:
                     buffered = _scrub(buffered, _DIRECTIVE_LINE.sub("", text).strip())
                 break
             if message is not None:
-                chat = _expand_tools(chat, memory, message, _memory_calls(message)[0])
+                chat = await _expand_tools(chat, memory, message, _memory_calls(message)[0])
             else:
                 directive = parse_directive(text)
                 assert directive is not None
-                chat = _expand_text(chat, memory, text, directive)
+                chat = await _expand_text(chat, memory, text, directive)
     except BaseException:
         if iterator is not None:  # a round cut short (deadline, failure): its connection goes now
             await asyncio.shield(iterator.aclose())

@@ -164,9 +164,11 @@ def eval_command(
     ] = "minilm",
     candidates: Annotated[int, typer.Option(help="BM25/dense candidates per stage")] = 100,
     max_queries: Annotated[int | None, typer.Option(help="evaluate the first N queries only")] = None,
-    index_size: Annotated[int, typer.Option(help="memory index entries (layer 0) per query")] = 10,
-    snippets: Annotated[int, typer.Option(help="top entries that also get a passage (layer 1)")] = 2,
-    disclosure_mode: Annotated[str, typer.Option(help="search mode behind the memory index")] = "rrf",
+    index_size: Annotated[int, typer.Option(help="memory index entries (layer 0) per query")] = 3,
+    snippets: Annotated[int, typer.Option(help="top entries that also get a passage (layer 1)")] = 0,
+    title_words: Annotated[int, typer.Option(help="layer 0 title words (0: whole title)")] = 8,
+    summary_words: Annotated[int, typer.Option(help="layer 0 summary words (0: none)")] = 0,
+    disclosure_mode: Annotated[str, typer.Option(help="search mode behind the memory index")] = "bm25_dense",
     cache_dir: Annotated[
         Path | None, typer.Option(help="keep the ingested corpus here and reuse it on the next run")
     ] = None,
@@ -216,6 +218,8 @@ def eval_command(
             max_queries=max_queries,
             index_size=index_size,
             snippets=snippets,
+            title_words=title_words,
+            summary_words=summary_words,
             disclosure_mode=disclosure_mode,
             progress=report,
             cache_dir=cache_dir,
@@ -246,22 +250,26 @@ def eval_command(
     for column in (
         "index entries",
         "passages",
+        "title / summary words",
         "tokens",
         "top-5 full",
         "saving",
         "gold in index",
         "≤2 expansions",
+        "gold in top-5 full",
     ):
         memory.add_column(column, justify="right")
     for d in result["disclosure"]:
         memory.add_row(
             str(d["index_size"]),
             str(d["snippets"]),
+            f"{d['title_words'] or 'all'} / {d['summary_words']}",
             f"{d['tokens_injected_mean']:.0f}",
             f"{d['tokens_top5_full_mean']:.0f}",
             f"{d['token_saving']:.1%}",
             f"{d['gold_in_index']:.1%}",
             f"{d['gold_reachable']:.1%}",
+            f"{d['gold_in_top5_full']:.1%}",
         )
     Console().print(memory)
     from polyroute.paths import results_dir

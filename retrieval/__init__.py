@@ -9,7 +9,15 @@ Imports neither gateway nor router. The public surface:
 """
 
 from retrieval.engine import ShardLocked
-from retrieval.memory import TEXT_DIRECTIVE, TOOL_NAME, TOOL_SPEC, MemoryContext, parse_directive, recall
+from retrieval.memory import (
+    TEXT_DIRECTIVE,
+    TOOL_NAME,
+    TOOL_SPEC,
+    MemoryContext,
+    directive_query,
+    parse_directive,
+    recall,
+)
 from retrieval.store import (
     MODES,
     SESSION_PREFIX,
@@ -46,6 +54,7 @@ __all__ = [
     "ShardLocked",
     "check_name",
     "extract",
+    "directive_query",
     "parse_directive",
     "recall",
     "session_collection",

@@ -172,9 +172,11 @@ def evaluate(
     candidates: int = 100,
     max_queries: int | None = None,
     work_dir: Path | None = None,
-    index_size: int = 10,
-    snippets: int = 2,
-    disclosure_mode: str = "rrf",
+    index_size: int = 3,
+    snippets: int = 0,
+    disclosure_mode: str = "bm25_dense",
+    title_words: int = 8,
+    summary_words: int = 0,
     progress: Callable[[str, int, int], None] | None = None,
     cache_dir: Path | None = None,
     split: str | None = None,
@@ -205,6 +207,8 @@ def evaluate(
             disclosure_mode,
             progress,
             disclosure_queries,
+            title_words,
+            summary_words,
         )
     report["dataset"] = str(dataset)
     report["embedder"] = embedder
@@ -222,6 +226,8 @@ def _run(
     disclosure_mode,
     progress,
     disclosure_queries=None,
+    title_words=8,
+    summary_words=0,
 ):
     tick = (
         (lambda stage: lambda done, total: progress(stage, done, total)) if progress else (lambda stage: None)
@@ -286,6 +292,8 @@ def _run(
             snippets,
             disclosure_mode,
             tick("disclosure"),
+            title_words,
+            summary_words,
         )
         if disclosure_queries != 0
         else []
@@ -293,27 +301,52 @@ def _run(
     return report
 
 
-DISCLOSURE_CONFIGS = ((10, 2), (5, 1), (5, 0), (3, 0))
+# (index entries, passages, title words, summary words): the gateway's default layer 0 (3 entries,
+# 8 title words, no passage) and the fuller settings it replaced, for comparison.
+DISCLOSURE_CONFIGS = ((3, 0, 8, 0), (3, 0, 0, 12), (5, 0, 0, 12), (5, 1, 0, 12), (10, 2, 0, 12))
 
 
 def disclosure(
-    retriever, collection, data, queries, index_size, snippets, mode, report_tick=None
+    retriever,
+    collection,
+    data,
+    queries,
+    index_size,
+    snippets,
+    mode,
+    report_tick=None,
+    title_words: int = 8,
+    summary_words: int = 0,
 ) -> list[dict]:
     """Tokens injected with layers 0+1 vs the top-5 full documents; how far away the gold document is.
 
-    Run for the requested (index entries, passages) and a few smaller settings. `gold_in_index`:
-    listed in the injected index (one expansion reads it in full). `gold_reachable`: within two
-    expansions — in the index, or on the next index page ('more', then the document).
+    Run for the requested (index entries, passages, title words, summary words) and the settings in
+    DISCLOSURE_CONFIGS. The tokens are those of the system message in the tool-calling form (the
+    text-directive form's header is 3 tokens longer). `gold_in_index`: listed in the injected index
+    (one expansion reads it in full). `gold_reachable`: within two expansions — in the index, or on
+    the next index page ('more', then the document).
     """
     count = token_counter()
-    configs = [(index_size, snippets)] + [c for c in DISCLOSURE_CONFIGS if c != (index_size, snippets)]
+    requested = (index_size, snippets, title_words, summary_words)
+    configs = [requested] + [c for c in DISCLOSURE_CONFIGS if c != requested]
     stats = {c: {"injected": [], "in_index": 0, "reachable": 0} for c in configs}
     stuffed, top5_has_gold = [], 0
     for i, (qid, text) in enumerate(queries):
         gold = {d for d, g in data.qrels[qid].items() if g > 0}
-        for size, passages in configs:
-            context = recall(retriever, "eval", [("beir", False)], text, size, passages, mode, pages=2)
-            entry = stats[(size, passages)]
+        for size, passages, title, summary in configs:
+            context = recall(
+                retriever,
+                "eval",
+                [("beir", False)],
+                text,
+                size,
+                passages,
+                mode,
+                pages=2,
+                title_words=title,
+                summary_words=summary,
+            )
+            entry = stats[(size, passages, title, summary)]
             entry["injected"].append(count(context.render()))
             entry["in_index"] += bool(gold & {e.document_id for e in context.visible})
             entry["reachable"] += bool(gold & {e.document_id for e in context.entries})
@@ -330,13 +363,15 @@ def disclosure(
     n = max(1, len(queries))
     mean_stuffed = statistics.fmean(stuffed) if stuffed else 0.0
     rows = []
-    for (size, passages), entry in stats.items():
+    for (size, passages, title, summary), entry in stats.items():
         mean_injected = statistics.fmean(entry["injected"]) if entry["injected"] else 0.0
         rows.append(
             {
                 "mode": mode,
                 "index_size": size,
                 "snippets": passages,
+                "title_words": title,
+                "summary_words": summary,
                 "tokens_injected_mean": round(mean_injected, 1),
                 "tokens_top5_full_mean": round(mean_stuffed, 1),
                 "token_saving": round(1 - mean_injected / mean_stuffed, 4) if mean_stuffed else 0.0,

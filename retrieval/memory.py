@@ -1,19 +1,26 @@
 """Progressive-disclosure memory: what a worker sees of the collections, in three layers.
 
-- Layer 0, index: per hit document a short handle (`m1`, `m2`, …), its title and a one-line
-  extractive summary — a handful of tokens each.
+- Layer 0, index: per hit document a short handle (`m1`, `m2`, …) and the first few words of its
+  title (optionally a one-line extractive summary) — a dozen tokens each.
 - Layer 1, snippet: the best-matching passage of the document (the query-densest sentence window
-  of its best chunk).
+  of its best chunk, or of the whole document for a passage the worker asked about).
 - Layer 2, full: the document (clipped to a size cap).
 
 `recall` builds the index (with layer 1 for the top few) for one query; `MemoryContext.expand`
-serves a later request for more. Handles are local to one request and resolve only to documents
-the request's tenant was shown, so a worker cannot name its way into anything else.
+serves a later request for more. The worker steers expansion: 'more' lists the next entries, or,
+with its own search words, entries for those words; a level-1 read can name what the passage
+should be about. Handles are local to one request and resolve only to documents the request's
+tenant was shown or searched, so a worker cannot name its way into anything else.
+
+The layer-0 budget is measured against stuffing the top-5 full documents (`retrieval eval`'s
+disclosure table, docs/retrieval-engine.md): the defaults keep ≥ 95% of those tokens out of the
+prompt while the gold document stays within two expansions as often as stuffing contains it.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from retrieval.store import Collection, Retriever
@@ -23,7 +30,8 @@ TOOL_NAME = "memory_expand"
 TEXT_DIRECTIVE = "MEMORY_EXPAND"
 LEVELS = {1: "snippet", 2: "full"}
 _DIRECTIVE = re.compile(
-    rf"^\s*{TEXT_DIRECTIVE}\s*\(?\s*\[?(m\d+|more)\]?\s*(?:[, ]\s*(\w+))?\s*\)?\s*$", re.M | re.I
+    rf"^\s*{TEXT_DIRECTIVE}\s*\(?\s*\[?(m\d+|more)\]?\s*(?:[, ]\s*(\w+))?\s*\)?\s*(?::\s*(.+?))?\s*$",
+    re.M | re.I,
 )
 MORE = "more"
 
@@ -40,6 +48,11 @@ TOOL_SPEC = {
             "properties": {
                 "id": {"type": "string", "description": "an entry's id, e.g. m1, or 'more'"},
                 "level": {"type": "integer", "enum": [1, 2], "description": "1: passage, 2: full document"},
+                "query": {
+                    "type": "string",
+                    "description": "optional: with 'more', search the memory for these words instead; "
+                    "with level 1, what the passage should be about",
+                },
             },
             "required": ["id"],
         },
@@ -67,8 +80,11 @@ class MemoryContext:
     _sources: dict[str, Collection] = field(default_factory=dict, repr=False)
     max_full_chars: int = 24_000
     page: int = 0  # entries per index page (0: all at once)
-    summary_words: int = 12
+    summary_words: int = 0  # layer 0's summary, in words (0: none)
+    title_words: int = 8  # layer 0's title, in words (0: whole)
     shown: int = -1
+    # (query, document ids already listed) -> new entries, handles not yet numbered: a steered 'more'
+    _search: Callable[[str, set[str]], list[MemoryEntry]] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if self.shown < 0:
@@ -87,55 +103,89 @@ class MemoryContext:
                 return entry
         return None
 
+    def line(self, entry: MemoryEntry) -> str:
+        """Layer 0 of one entry: its handle and a few words (title, then summary if configured)."""
+        title = clip_words(entry.title, self.title_words) if self.title_words else entry.title
+        if self.summary_words and entry.summary:
+            return f"[{entry.handle}] {title} — {clip_words(entry.summary, self.summary_words)}"
+        return f"[{entry.handle}] {title}"
+
     def render(self, tools: bool = True) -> str:
-        """The system message: layer 0 for the first page, layer 1 for the top few, how to ask for more."""
-        how = (
-            f"{TOOL_NAME}(id, level)"
-            if tools
-            else f"reply with only the line `{TEXT_DIRECTIVE} <id> <level>`"
-        )
-        more = f"; id '{MORE}' lists more entries" if self.shown < len(self.entries) else ""
-        lines = [f"Memory index. To read an entry: {how}, level 1 = passage, 2 = full document{more}."]
-        for entry in self.visible:
-            lines.append(f"[{entry.handle}] {entry.title} — {clip_words(entry.summary, self.summary_words)}")
+        """The system message: layer 0 for the first page, layer 1 for the top few, how to ask for more.
+
+        Kept terse: the header is the same for every request and the tool's own description (sent
+        with the tool) says the rest."""
+        how = f"{TOOL_NAME}(id, level)" if tools else f"reply only `{TEXT_DIRECTIVE} <id> <level>`"
+        more = f"; id '{MORE}': more entries" if self.shown < len(self.entries) or self._search else ""
+        lines = [f"Memory; to read: {how}, 1 passage, 2 full{more}."]
+        lines.extend(self.line(entry) for entry in self.visible)
         top = [e for e in self.visible[: self.snippets] if e.passage]
         if top:
             lines.append("Best passages:")
             lines.extend(f"[{e.handle}] {e.passage}" for e in top)
         return "\n".join(lines)
 
-    def expand(self, handle: str, level: object = 2) -> str:
-        """Layer 1 or 2 of an entry, the next index page for 'more', or a short error to act on."""
+    def expand(self, handle: str, level: object = 2, query: str | None = None) -> str:
+        """Layer 1 or 2 of an entry, the next index page for 'more' (or entries for the worker's own
+        search words), or a short error to act on."""
+        query = (query or "").strip() or None
         if str(handle).strip().lower() == MORE:
+            if query is not None and self._search is not None:
+                return self._more_for(query)
             page = self.entries[self.shown : self.shown + (self.page or len(self.entries))]
             if not page:
                 return "No more memory entries."
             self.shown += len(page)
-            return "\n".join(
-                f"[{e.handle}] {e.title} — {clip_words(e.summary, self.summary_words)}" for e in page
-            )
+            return "\n".join(self.line(e) for e in page)
         entry = self.handle(str(handle).strip().strip("[]"))
         if entry is None:
             known = ", ".join(e.handle for e in self.visible) or "none"
             return f"error: no memory entry {handle!r} (known: {known})"
         wanted = str(level).strip().lower()
         depth = int(wanted) if wanted.isdigit() else {"snippet": 1, "passage": 1}.get(wanted, 2)
-        if depth <= 1:
+        if depth <= 1 and query is None:
             return f"[{entry.handle}] {entry.title}: {entry.passage}"
         source = self._sources.get(entry.collection)
         record = source.document(entry.document_id) if source is not None else None
         if record is None:
             return f"error: the document behind {entry.handle} was deleted"
+        if depth <= 1:  # a passage about what the worker asked, from anywhere in the document
+            passage = best_passage(record.text, set(tokenize(query or "")), len(entry.passage.split()) or 40)
+            return f"[{entry.handle}] {entry.title}: {passage}"
         text = record.text
         if len(text) > self.max_full_chars:
             text = text[: self.max_full_chars] + f"\n[… clipped at {self.max_full_chars} characters]"
         return f"[{entry.handle}] {record.title}\n{text}"
 
+    def _more_for(self, query: str) -> str:
+        """Entries for the worker's own search words that it has not been shown, numbered on from
+        the last handle and listed one page at a time. They join the shown entries, so each can then
+        be read like any other."""
+        assert self._search is not None
+        # Unlisted entries of the first search are skipped too: a steered search is for new documents.
+        fresh = self._search(query, {e.document_id for e in self.entries})[: self.page or 8]
+        if not fresh:
+            return f"No further memory entries for {query!r}."
+        hidden = self.entries[self.shown :]
+        numbered = len(self.entries)
+        for i, entry in enumerate(fresh):
+            entry.handle = f"m{numbered + 1 + i}"
+        self.entries = [*self.entries[: self.shown], *fresh, *hidden]
+        self.shown += len(fresh)
+        return "\n".join(self.line(e) for e in fresh)
+
 
 def parse_directive(text: str) -> tuple[str, str] | None:
-    """`MEMORY_EXPAND m3 2`, `MEMORY_EXPAND(m3, full)` or `MEMORY_EXPAND more` on its own line."""
+    """`MEMORY_EXPAND m3 2`, `MEMORY_EXPAND(m3, full)` or `MEMORY_EXPAND more` on its own line
+    (handle, level). A steering query after a colon is read by `directive_query`."""
     match = _DIRECTIVE.search(text or "")
     return (match.group(1).lower(), match.group(2) or "2") if match else None
+
+
+def directive_query(text: str) -> str | None:
+    """The words after the colon in `MEMORY_EXPAND more: words` (or `MEMORY_EXPAND m2 1: words`)."""
+    match = _DIRECTIVE.search(text or "")
+    return (match.group(3) or None) if match else None
 
 
 def best_passage(text: str, query_tokens: set[str], max_words: int = 60) -> str:
@@ -163,12 +213,14 @@ def recall(
     tenant: str,
     collections: list[tuple[str, bool]],
     query: str,
-    index_size: int = 8,
-    snippets: int = 2,
+    index_size: int = 3,
+    snippets: int = 0,
     mode: str = "bm25_dense",
     passage_words: int = 40,
     start: int = 1,
     pages: int = 2,
+    title_words: int = 8,
+    summary_words: int = 0,
 ) -> MemoryContext:
     """Layer 0 (+1 for the top `snippets`) for `query` over the named (collection, is_session) pairs.
 
@@ -178,27 +230,56 @@ def recall(
     are merged by score. Missing collections are skipped (the caller validates names it was given).
     """
     sources: dict[str, Collection] = {}
-    scored: list[tuple[float, str, str, str, bool]] = []
     for name, internal in collections:
-        if not retriever.exists(tenant, name):
-            continue
-        collection = retriever.get(tenant, name, internal=internal)
-        sources[name] = collection
+        if retriever.exists(tenant, name):
+            sources[name] = retriever.get(tenant, name, internal=internal)
+    session = {name for name, internal in collections if internal}
+
+    def search(text: str, exclude: set[str], limit: int, first: int) -> list[MemoryEntry]:
+        return _ranked_entries(sources, session, text, limit, mode, passage_words, exclude, first)
+
+    entries = search(query, set(), index_size * pages, start)
+    return MemoryContext(
+        entries,
+        snippets,
+        [n for n, _ in collections],
+        sources,
+        max_full_chars=retriever.config.max_full_chars,
+        page=index_size,
+        title_words=title_words,
+        summary_words=summary_words,
+        _search=lambda text, exclude: search(text, exclude, index_size, 0),
+    )
+
+
+def _ranked_entries(
+    sources: dict[str, Collection],
+    session: set[str],
+    query: str,
+    limit: int,
+    mode: str,
+    passage_words: int,
+    exclude: set[str],
+    start: int,
+) -> list[MemoryEntry]:
+    """The best `limit` documents for `query` across `sources`, skipping `exclude`d ids."""
+    scored: list[tuple[float, str, str, str]] = []
+    for name, collection in sources.items():
         best: dict[str, tuple[float, str]] = {}
-        for hit in collection.search(query, k=index_size * pages * 2, mode=mode):
-            if hit.document_id not in best:
+        for hit in collection.search(query, k=(limit + len(exclude)) * 2, mode=mode):
+            if hit.document_id not in best and hit.document_id not in exclude:
                 best[hit.document_id] = (hit.score, hit.text)
         for doc_id, (score, text) in best.items():
-            scored.append((score, name, doc_id, text, internal))
+            scored.append((score, name, doc_id, text))
     scored.sort(key=lambda item: -item[0])
-    scored = scored[: index_size * pages]
+    scored = scored[:limit]
     query_tokens = set(tokenize(query))
-    entries: list[MemoryEntry] = []
     by_collection: dict[str, list[str]] = {}
-    for _, name, doc_id, _, _ in scored:
+    for _, name, doc_id, _ in scored:
         by_collection.setdefault(name, []).append(doc_id)
     info = {name: sources[name].documents(ids) for name, ids in by_collection.items()}
-    for i, (score, name, doc_id, text, internal) in enumerate(scored):
+    entries: list[MemoryEntry] = []
+    for i, (score, name, doc_id, text) in enumerate(scored):
         title, summary = info[name].get(doc_id, (doc_id, ""))
         entries.append(
             MemoryEntry(
@@ -209,14 +290,7 @@ def recall(
                 summary=summary,
                 passage=best_passage(text, query_tokens, passage_words),
                 score=score,
-                session=internal,
+                session=name in session,
             )
         )
-    return MemoryContext(
-        entries,
-        snippets,
-        [n for n, _ in collections],
-        sources,
-        max_full_chars=retriever.config.max_full_chars,
-        page=index_size,
-    )
+    return entries

@@ -185,6 +185,40 @@ def test_worker_that_expands_once(mgw, scripted):
     assert float(r.headers["x-polyroute-cost-usd"]) > 0
 
 
+def test_worker_steers_its_expansion(mgw, scripted):
+    """The worker searches the memory with its own words ('more' + query), then reads what it found:
+    the gateway runs both rounds, and the new entry resolves like any listed one."""
+    docs = [
+        {"id": f"vacation-{i}", "title": f"Vacation {i}", "text": f"Rule {i} about vacation days per year."}
+        for i in range(7)  # more than the index and its 'more' page hold: 3 + 3
+    ]
+    docs.append(
+        {"id": "parking", "title": "Parking", "text": "The parking garage gate opens with badge 4411."}
+    )
+    with httpx.Client(base_url=mgw.url, headers=mgw.auth(), timeout=60) as http:
+        assert http.post("/v1/collections/steer/documents", json={"documents": docs}).status_code == 200
+    steer = {"name": "memory_expand", "arguments": '{"id": "more", "query": "parking garage"}'}
+
+    def script(body: dict) -> Behaviour:
+        results = _tool_results(body)
+        if not results:
+            return Behaviour(tool_call=steer)
+        if len(results) == 1:
+            handle = results[0].split("]")[0].lstrip("[")
+            return Behaviour(tool_call={"name": "memory_expand", "arguments": f'{{"id": "{handle}"}}'})
+        return Behaviour(text="Code: " + results[1])
+
+    scripted.scripts["tooly-model"] = script
+    r = chat(mgw, "tooly", "How many vacation days?", collections=["steer"])
+    assert r.status_code == 200, r.text
+    first, second, third = scripted.requests_for("tooly-model")
+    assert "[m1] Vacation" in _system(first) and "Parking" not in _system(first)
+    assert _tool_results(second)[0].startswith("[m7] Parking")  # numbered after the 6 recalled
+    assert "4411" in r.json()["choices"][0]["message"]["content"]
+    # listed: 3 up front, then the 2 documents the first search had not recalled (parking first)
+    assert r.headers["x-polyroute-memory"] == "entries=5; expansions=2"
+
+
 def test_worker_that_never_expands(mgw, scripted):
     r = chat(mgw, "tooly", "What is the expense approval threshold?", collections=["handbook"])
     assert (

@@ -706,8 +706,17 @@ def test_cli_eval_on_beir_fixture(tmp_path):
     assert set(report["ndcg_at_10"]) == {"bm25", "dense", "bm25_dense", "rrf"}
     assert report["queries"] == 6 and report["corpus_docs"] == 12
     assert report["ndcg_at_10"]["bm25"] > 0.3 and report["recall_at_100"]["rrf"] == 1.0
-    first = report["disclosure"][0]
-    assert first["index_size"] == 10 and 0 < first["gold_in_index"] <= first["gold_reachable"] <= 1
+    first = report["disclosure"][0]  # the requested setting: the gateway's defaults
+    assert (first["index_size"], first["snippets"], first["title_words"], first["summary_words"]) == (
+        3,
+        0,
+        8,
+        0,
+    )
+    assert 0 < first["gold_in_index"] <= first["gold_reachable"] <= 1
+    fuller = next(d for d in report["disclosure"] if d["index_size"] == 10)
+    assert first["tokens_injected_mean"] < min(fuller["tokens_injected_mean"], first["tokens_top5_full_mean"])
+    assert fuller["gold_reachable"] >= first["gold_reachable"]
 
 
 def test_cli_eval_split_defaults_and_choices(tmp_path):
@@ -812,6 +821,34 @@ def test_memory_layers_and_more_pages(retriever):
     assert parse_directive("thinking...\nMEMORY_EXPAND(m1, full)") == ("m1", "full")
     assert parse_directive("MEMORY_EXPAND more") == ("more", "2")
     assert parse_directive("I will not MEMORY_EXPAND anything") is None
+
+
+def test_memory_expansion_the_worker_steers(retriever):
+    """'more' with the worker's own words lists new documents for them (numbered on, never one
+    already listed or waiting behind 'more'); a level-1 read with words picks the passage about
+    them from anywhere in the document; the text protocol carries the words after a colon."""
+    from retrieval import directive_query, parse_directive, recall
+
+    collection = retriever.get("acme", "steer", create=True)
+    collection.ingest([DocumentInput(k, t, title=k.title()) for k, t in CORPUS])
+    context = recall(retriever, "acme", [("steer", False)], "cats hunt", index_size=1, pages=2, mode="bm25")
+    first = [e.document_id for e in context.entries]
+    assert first[0] == "cats" and len(first) == 2 and "'more'" in context.render()
+    listed = context.expand("more", query="green tea")
+    assert listed.startswith("[m3] Tea") and len(context.visible) == 2
+    assert context.entries[1].document_id == "tea" and context.entries[2].document_id == first[1]
+    assert context.expand("m3", 2).startswith("[m3] Tea\n")  # a steered entry reads like any other
+    assert context.expand("more", query="green tea").startswith("No further memory entries")
+    assert context.expand("more").startswith("[m2] ")  # the first search's next page, as before
+    long_doc = " ".join(["Nothing to see in this sentence."] * 30) + " Purring cats knead soft blankets."
+    collection.ingest([DocumentInput("long", long_doc, title="Long")])
+    context = recall(retriever, "acme", [("steer", False)], "nothing to see", index_size=1, mode="bm25")
+    assert context.entries[0].document_id == "long" and "Purring" not in context.entries[0].passage
+    assert "Purring cats knead" in context.expand("m1", 1, query="purring cats")
+    assert parse_directive("MEMORY_EXPAND more: green tea") == ("more", "2")
+    assert directive_query("MEMORY_EXPAND more: green tea") == "green tea"
+    assert directive_query("MEMORY_EXPAND m2 1: the dosage") == "the dosage"
+    assert directive_query("MEMORY_EXPAND m2 1") is None
 
 
 def test_a_stopped_gateway_releases_its_shards(upstream, tmp_path):
