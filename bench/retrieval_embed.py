@@ -1,11 +1,12 @@
-"""MiniLM embedding throughput: batch sizes, torch threads, int8 — interleaved, so load hits all alike.
+"""MiniLM embedding throughput: batch sizes, torch threads, bf16, int8 — interleaved, so load hits all alike.
 
     .venv/bin/python bench/retrieval_embed.py --dataset ../shared/data/beir/scifact [--sample 256 --rounds 3]
 
 Embeds the same sample of corpus chunks (title + text, as ingest does) with each variant, in
 `rounds` interleaved passes (variant A, B, C, A, B, C, …), and reports the best and median rate per
 variant, plus each variant's mean cosine to the fp32 vectors. Quality in retrieval terms (nDCG) is
-measured with `polyroute retrieval eval --embedder minilm-int8`: see docs/retrieval-engine.md.
+measured with `polyroute retrieval eval` (bf16: POLYROUTE_EMBED_PRECISION=fp32|bf16; int8:
+`--embedder minilm-int8`): see docs/retrieval-engine.md.
 Writes bench/results/retrieval_embed.json.
 """
 
@@ -24,7 +25,7 @@ import orjson
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from retrieval.embed import Embedder  # noqa: E402
+from retrieval.embed import Embedder, native_bf16  # noqa: E402
 from retrieval.text import chunk_text  # noqa: E402
 
 
@@ -46,30 +47,32 @@ def main() -> None:
             if len(texts) >= args.sample:
                 break
     texts = texts[: args.sample]
-    variants = {
-        "fp32 batch 16": ("minilm", 16, None),
-        "fp32 batch 32 (default)": ("minilm", 32, None),
-        "fp32 batch 64": ("minilm", 64, None),
-        "fp32 batch 128": ("minilm", 128, None),
-        "fp32 batch 32, 1 thread": ("minilm", 32, 1),
-        "int8 batch 32": ("minilm-int8", 32, None),
-        "int8 batch 64": ("minilm-int8", 64, None),
+    variants = {  # name: (backend, batch, torch threads, precision)
+        "fp32 batch 16": ("minilm", 16, None, "fp32"),
+        "fp32 batch 32": ("minilm", 32, None, "fp32"),
+        "fp32 batch 64": ("minilm", 64, None, "fp32"),
+        "fp32 batch 128": ("minilm", 128, None, "fp32"),
+        "fp32 batch 32, 1 thread": ("minilm", 32, 1, "fp32"),
+        "bf16 autocast batch 32 (default here)": ("minilm", 32, None, "bf16"),
+        "bf16 autocast batch 64": ("minilm", 64, None, "bf16"),
+        "int8 batch 32": ("minilm-int8", 32, None, "fp32"),
+        "int8 batch 64": ("minilm-int8", 64, None, "fp32"),
     }
     embedders = {}
-    for name, (backend, batch, _) in variants.items():
-        embedders[name] = Embedder(backend, batch_size=batch)
+    for name, (backend, batch, _, precision) in variants.items():
+        embedders[name] = Embedder(backend, batch_size=batch, precision=precision)
         embedders[name].encode(texts[:4])  # load + warm
     default_threads = torch.get_num_threads()
     rates: dict[str, list[float]] = {name: [] for name in variants}
     vectors: dict[str, np.ndarray] = {}
     for _ in range(args.rounds):
-        for name, (_, _, threads) in variants.items():
+        for name, (_, _, threads, _) in variants.items():
             torch.set_num_threads(threads or default_threads)
             started = time.perf_counter()
             vectors[name] = embedders[name].encode(texts)
             rates[name].append(len(texts) / (time.perf_counter() - started))
     torch.set_num_threads(default_threads)
-    reference = vectors["fp32 batch 32 (default)"]
+    reference = vectors["fp32 batch 32"]
     rows = []
     for name, values in rates.items():
         rows.append(
@@ -85,6 +88,7 @@ def main() -> None:
         "sample_chunks": len(texts),
         "rounds": args.rounds,
         "torch_threads": default_threads,
+        "native_bf16": native_bf16(),
         "cpus": __import__("os").cpu_count(),
         "load_average_at_end": list(__import__("os").getloadavg()),
         "rows": rows,
