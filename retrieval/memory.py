@@ -35,23 +35,19 @@ _DIRECTIVE = re.compile(
 )
 MORE = "more"
 
-TOOL_SPEC = {
+TOOL_SPEC = {  # terse: it is sent with every request that has memory (≈ 100 tokens)
     "type": "function",
     "function": {
         "name": TOOL_NAME,
-        "description": (
-            "Read more of an entry in the memory index from the system message; id 'more' lists further entries. "
-            "level 1 returns its best-matching passage, level 2 the full document."
-        ),
+        "description": "Read a memory entry (level 1 passage, 2 full); id 'more' lists more entries.",
         "parameters": {
             "type": "object",
             "properties": {
-                "id": {"type": "string", "description": "an entry's id, e.g. m1, or 'more'"},
-                "level": {"type": "integer", "enum": [1, 2], "description": "1: passage, 2: full document"},
+                "id": {"type": "string", "description": "e.g. m1, or 'more'"},
+                "level": {"type": "integer", "enum": [1, 2]},
                 "query": {
                     "type": "string",
-                    "description": "optional: with 'more', search the memory for these words instead; "
-                    "with level 1, what the passage should be about",
+                    "description": "optional: words to search (more) or focus on (1)",
                 },
             },
             "required": ["id"],
