@@ -22,7 +22,7 @@ import litellm
 import orjson
 from litellm.llms.anthropic.pass_through.adapters.streaming_iterator import AnthropicStreamWrapper
 from litellm.llms.anthropic.pass_through.adapters.transformation import LiteLLMAnthropicMessagesAdapter
-from litellm.types.utils import ModelResponse, ModelResponseStream
+from litellm.types.utils import ModelResponse
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
 from starlette.background import BackgroundTask
 from starlette.requests import Request
@@ -34,6 +34,7 @@ from gateway.completions import AUTO, EventStream, TranslatingWire, serve
 from gateway.errors import APIError, JSONResponse
 from gateway.schemas import ChatCompletionRequest
 from gateway.state import AppState
+from gateway.stream_fast import Feed, anthropic_events
 
 log = logging.getLogger("polyroute.gateway")
 
@@ -300,25 +301,15 @@ class AnthropicWire(TranslatingWire):
         self, chunks: AsyncIterator[dict], worker: str, include_usage: bool
     ) -> AsyncIterator[bytes]:
         """Anthropic's events through litellm's AnthropicStreamWrapper: message_start,
-        content_block_start/delta/stop per block, message_delta (stop_reason, usage), message_stop."""
-        extra: dict[str, Any] = {}
-
-        async def source() -> AsyncIterator[ModelResponseStream]:
-            async for chunk in chunks:
-                if "polyroute" in chunk:  # the usage chunk: what the answer cost
-                    extra.update(chunk.pop("polyroute"))
-                yield ModelResponseStream(**chunk)
-
-        feed = source()
+        content_block_start/delta/stop per block, message_delta (stop_reason, usage), message_stop.
+        Plain text deltas skip the wrapper (gateway/stream_fast.py): the same events, faster."""
+        feed = Feed(chunks)
         wrapper = AnthropicStreamWrapper(feed, model=worker, tool_name_mapping=self.mapping)
         wrapper._message_id = self.message_id
-        try:
-            async for event in wrapper:
-                if event.get("type") == "message_delta" and extra:
-                    event = {**event, "polyroute": dict(extra)}
-                yield sse_event(event)
-        finally:
-            await feed.aclose()
+        async for event in anthropic_events(wrapper, feed):
+            if event.get("type") == "message_delta" and feed.extra:
+                event = {**event, "polyroute": dict(feed.extra)}
+            yield sse_event(event)
 
     def error_event(self, message: str, code: str) -> bytes:
         return sse_event(error_body(APIError(502, message, type="server_error", code=code)))

@@ -33,7 +33,7 @@ from litellm.responses.litellm_completion_transformation.streaming_iterator impo
 from litellm.responses.litellm_completion_transformation.transformation import (
     LiteLLMCompletionResponsesConfig as Bridge,
 )
-from litellm.types.utils import ModelResponse, ModelResponseStream
+from litellm.types.utils import ModelResponse
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
 from starlette.background import BackgroundTask
 from starlette.requests import Request
@@ -47,6 +47,7 @@ from gateway.schemas import ChatCompletionRequest
 from gateway.state import AppState
 from gateway.store import StoreReplyError, StoreUnavailable
 from gateway.store.responses import ResponseStore, responses_store
+from gateway.stream_fast import Feed, responses_events
 
 log = logging.getLogger("polyroute.gateway")
 
@@ -301,18 +302,6 @@ class StoredAnswer(JSONResponse):
         await super().__call__(scope, receive, send)
 
 
-class _Feed:
-    """What litellm's streaming iterator reads (a CustomStreamWrapper's shape): the pipeline's chunks."""
-
-    logging_obj = None
-
-    def __init__(self, chunks: AsyncIterator[ModelResponseStream]) -> None:
-        self._chunks = chunks
-
-    async def __anext__(self) -> ModelResponseStream:
-        return await anext(self._chunks)
-
-
 def sse_event(event: dict[str, Any]) -> bytes:
     return b"event: " + str(event["type"]).encode() + b"\ndata: " + orjson.dumps(event) + b"\n\n"
 
@@ -464,47 +453,38 @@ class ResponsesWire(TranslatingWire):
         """The Responses API's typed events through litellm's LiteLLMCompletionStreamingIterator:
         response.created, response.in_progress, then per output item output_item.added,
         content_part.added, output_text.delta... (function_call_arguments.delta/done for a tool
-        call), output_item.done, and response.completed (or response.incomplete) with the usage."""
-        extra: dict[str, Any] = {}
-
-        async def source() -> AsyncIterator[ModelResponseStream]:
-            async for chunk in chunks:
-                if "polyroute" in chunk:  # the usage chunk: what the answer cost
-                    extra.update(chunk.pop("polyroute"))
-                yield ModelResponseStream(**chunk)
-
-        feed = source()
+        call), output_item.done, and response.completed (or response.incomplete) with the usage.
+        Plain text deltas skip the iterator (gateway/stream_fast.py): the same events, faster."""
+        feed = Feed(chunks)
         events = LiteLLMCompletionStreamingIterator(
             model=worker,
-            litellm_custom_stream_wrapper=_Feed(feed),  # type: ignore[arg-type]
+            litellm_custom_stream_wrapper=feed,  # type: ignore[arg-type]
             request_input=self.items,  # type: ignore[arg-type]
             responses_api_request=self.params,  # type: ignore[arg-type]
         )
-        try:
-            async for event in events:
-                data = event.model_dump(mode="json", exclude_none=True)
-                kind = data["type"]
-                if kind in ("response.created", "response.in_progress"):
-                    yield self._event(
-                        {"type": kind, "response": self.envelope("in_progress", [], None, worker)}
-                    )
-                    continue
-                if kind in TERMINAL:
-                    response = self.translated(event.response)  # type: ignore[attr-defined]
-                    response["model"] = worker
-                    if extra:
-                        response["polyroute"] = dict(extra)
-                    await self.save(response)
-                    yield self._event({"type": kind, "response": response})
-                    continue
-                data.pop("sequence_number", None)
-                if "item" in data:
-                    data["item"] = clean_item(data["item"])
-                if kind in ("response.output_text.delta", "response.output_text.done"):
-                    data.setdefault("logprobs", [])
-                yield self._event(data)
-        finally:
-            await feed.aclose()
+        async for event in responses_events(events, feed):
+            if isinstance(event, dict):  # a text delta, written by stream_fast in OpenAI's form
+                yield self._event(event)
+                continue
+            data = event.model_dump(mode="json", exclude_none=True)
+            kind = data["type"]
+            if kind in ("response.created", "response.in_progress"):
+                yield self._event({"type": kind, "response": self.envelope("in_progress", [], None, worker)})
+                continue
+            if kind in TERMINAL:
+                response = self.translated(event.response)  # type: ignore[attr-defined]
+                response["model"] = worker
+                if feed.extra:
+                    response["polyroute"] = dict(feed.extra)
+                await self.save(response)
+                yield self._event({"type": kind, "response": response})
+                continue
+            data.pop("sequence_number", None)
+            if "item" in data:
+                data["item"] = clean_item(data["item"])
+            if kind in ("response.output_text.delta", "response.output_text.done"):
+                data.setdefault("logprobs", [])
+            yield self._event(data)
 
     def error_event(self, message: str, code: str) -> bytes:
         """OpenAI's `error` event, then `response.failed`: the stream's end for clients that wait
