@@ -1,9 +1,14 @@
 """The test upstream: a real HTTP server on loopback that speaks the OpenAI chat wire format (and
 Anthropic's Messages wire on /v1/messages, for workers whose provider is anthropic).
 
+Stop sequences are honoured as the providers do: the answer is cut before the first one the text
+contains; OpenAI's wire says only finish_reason "stop", Anthropic's says stop_reason "stop_sequence"
+and which one matched.
+
 It is the only stand-in the project allows (no real provider is reachable from CI). Behaviour is
 set per upstream model name — latency, error status (always or the first N calls), streaming
-chunk delay, a mid-stream drop, reported token counts, a tool call — in-process through
+chunk delay, a mid-stream drop, reported token counts, a tool call (alone or after some text, its
+arguments in one chunk or in pieces) — in-process through
 `FakeUpstream.behave()` or over HTTP (`POST /_control/behaviour`) when it runs as its own process:
 
     python -m tests.fakes.upstream --port 9100 --latency-ms 5
@@ -45,6 +50,8 @@ class Behaviour:
     prompt_tokens: int | None = None  # reported usage; None counts words
     completion_tokens: int | None = None
     tool_call: dict[str, Any] | None = None  # {"name": ..., "arguments": "..."} when tools are sent
+    preamble: str | None = None  # with a tool call: text answered (streamed) before it, as models do
+    arguments_chunk_chars: int | None = None  # stream a tool call's arguments in pieces (OpenAI's way)
     replies: dict[str, str] | None = None  # substring of the last user message -> text (first match wins)
     stream_usage: bool = True  # False: ignore stream_options.include_usage, as llama.cpp's server does
     context_window: int | None = None  # prompt words + max_tokens above this: OpenAI's (and llama.cpp's) 400
@@ -78,6 +85,18 @@ def _last_user_text(body: dict[str, Any]) -> str:
             if isinstance(content, list):
                 return " ".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
     return ""
+
+
+def _cut_at_stop(text: str, stops: Any) -> tuple[str, str | None]:
+    """The text up to the first stop sequence it contains (where the model would have stopped), and
+    that sequence; (text, None) when it contains none."""
+    if isinstance(stops, str):
+        stops = [stops]
+    found = [(text.find(s) + len(s), text.find(s), s) for s in stops or () if s and s in text]
+    if not found:
+        return text, None
+    _, start, stop = min(found)
+    return text[:start], stop
 
 
 def _finish(behaviour: Behaviour, tool_call: dict[str, Any] | None) -> str:
@@ -216,6 +235,7 @@ class FakeUpstream:
             if needle in _last_user_text(body):
                 text = reply
                 break
+        text, stopped = _cut_at_stop(text, body.get("stop"))
         prompt_tokens = behaviour.prompt_tokens or _prompt_word_count(body)
         completion_tokens = behaviour.completion_tokens or len(text.split()) or 1
         usage = {
@@ -224,7 +244,7 @@ class FakeUpstream:
             "total_tokens": prompt_tokens + completion_tokens,
         }
         tool_call = None
-        if behaviour.tool_call and body.get("tools"):
+        if behaviour.tool_call and body.get("tools") and stopped is None:
             tool_call = {
                 "id": "call_" + uuid.uuid4().hex[:12],
                 "type": "function",
@@ -240,7 +260,8 @@ class FakeUpstream:
                 self._stream(body, behaviour, completion_id, created, text, usage, tool_call),
                 media_type="text/event-stream",
             )
-        message: dict[str, Any] = {"role": "assistant", "content": None if tool_call else text}
+        content = behaviour.preamble if tool_call else text
+        message: dict[str, Any] = {"role": "assistant", "content": content}
         if tool_call:
             message["tool_calls"] = [tool_call]
         return JSONResponse(
@@ -275,7 +296,17 @@ class FakeUpstream:
             return b"data: " + orjson.dumps(payload) + b"\n\n"
 
         yield chunk({"role": "assistant", "content": ""})
-        if tool_call:
+        if tool_call and behaviour.preamble:
+            for word in _words(behaviour.preamble):
+                yield chunk({"content": word})
+        if tool_call and behaviour.arguments_chunk_chars:
+            arguments, size = tool_call["function"]["arguments"], behaviour.arguments_chunk_chars
+            named = {**tool_call, "function": {**tool_call["function"], "arguments": ""}}
+            yield chunk({"tool_calls": [{"index": 0, **named}]})
+            for start in range(0, len(arguments), size):
+                piece = {"index": 0, "function": {"arguments": arguments[start : start + size]}}
+                yield chunk({"tool_calls": [piece]})
+        elif tool_call:
             yield chunk({"tool_calls": [{"index": 0, **tool_call}]})
         else:
             for i, word in enumerate(_words(text)):
@@ -326,8 +357,9 @@ class FakeUpstream:
             if needle in last:
                 text = reply
                 break
+        text, stopped = _cut_at_stop(text, body.get("stop_sequences"))
         use = None
-        if behaviour.tool_call and body.get("tools"):
+        if behaviour.tool_call and body.get("tools") and stopped is None:
             arguments = orjson.loads(behaviour.tool_call.get("arguments", "{}"))
             use = {
                 "type": "tool_use",
@@ -338,14 +370,14 @@ class FakeUpstream:
         stop = {"length": "max_tokens", "tool_calls": "tool_use"}.get(
             behaviour.finish_reason or "", "end_turn"
         )
-        stop = "tool_use" if use else stop
+        stop = "tool_use" if use else ("stop_sequence" if stopped else stop)
         input_tokens = behaviour.prompt_tokens or _anthropic_prompt_words(body)
         output_tokens = behaviour.completion_tokens or len(text.split()) or 1
         message_id = "msg_" + uuid.uuid4().hex[:20]
         if body.get("stream"):
             return StreamingResponse(
                 self._messages_stream(
-                    behaviour, message_id, model, text, use, stop, input_tokens, output_tokens
+                    behaviour, message_id, model, text, use, stop, stopped, input_tokens, output_tokens
                 ),
                 media_type="text/event-stream",
             )
@@ -357,13 +389,13 @@ class FakeUpstream:
                 "model": model,
                 "content": [use] if use else [{"type": "text", "text": text}],
                 "stop_reason": stop,
-                "stop_sequence": None,
+                "stop_sequence": stopped,
                 "usage": {"input_tokens": input_tokens, "output_tokens": output_tokens},
             }
         )
 
     async def _messages_stream(
-        self, behaviour, message_id, model, text, use, stop, input_tokens, output_tokens
+        self, behaviour, message_id, model, text, use, stop, stopped, input_tokens, output_tokens
     ):
         def event(payload: dict[str, Any]) -> bytes:
             return b"event: " + payload["type"].encode() + b"\ndata: " + orjson.dumps(payload) + b"\n\n"
@@ -392,7 +424,7 @@ class FakeUpstream:
         yield event(
             {
                 "type": "message_delta",
-                "delta": {"stop_reason": stop, "stop_sequence": None},
+                "delta": {"stop_reason": stop, "stop_sequence": stopped},
                 "usage": {"output_tokens": output_tokens},
             }
         )
