@@ -66,6 +66,7 @@ def retriever(app: FastAPI) -> Retriever:
                     chunk_words=settings.retrieval_chunk_words,
                     chunk_overlap=min(settings.retrieval_chunk_overlap, settings.retrieval_chunk_words - 1),
                     candidates=settings.retrieval_candidates,
+                    max_open_shards=settings.retrieval_max_open_shards,
                 )
             )
             app.state.polyroute_retriever = found

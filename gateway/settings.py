@@ -131,6 +131,9 @@ class Settings(BaseModel):
     retrieval_candidates: int = Field(100, ge=1, le=2000, description="BM25/dense candidates per stage")
     retrieval_chunk_words: int = Field(200, ge=20, le=4000)
     retrieval_chunk_overlap: int = Field(40, ge=0, le=1000)
+    retrieval_max_open_shards: int = Field(
+        64, ge=0, description="embedded shards open at once (LRU beyond it closes idle ones; 0: no limit)"
+    )
     retrieval_max_upload_bytes: int = Field(32 * 1024 * 1024, gt=0, description="one ingest request")
     # Layer 0 sized for the 95% token cut against stuffing the top-5 documents (measured on SciFact
     # train in docs/retrieval-engine.md): 3 entries of 8 title words, no passage up front.

@@ -24,6 +24,7 @@ import fcntl
 import hashlib
 import os
 import threading
+import time
 import uuid
 from collections import Counter
 from dataclasses import dataclass
@@ -194,6 +195,13 @@ class _ProcessLock:
 
 
 class EdgeEngine(Engine):
+    """One Qdrant Edge shard in this process.
+
+    A shard holds a search thread pool, its WAL and its in-RAM indexes while open. A gateway with
+    many collections (one per chat session) cannot keep them all open, so the Retriever may
+    `suspend` an idle shard: it is flushed and closed, its process lock released, and the next call
+    opens it again. `close` is final."""
+
     mode = "edge"
 
     def __init__(self, directory: Path, dim: int, search_threads: int = 1) -> None:
@@ -202,14 +210,14 @@ class EdgeEngine(Engine):
         self.q = q
         self.directory = directory
         directory.mkdir(parents=True, exist_ok=True)
-        self._lock = _ProcessLock(directory / "LOCK")
         # One call into the shard at a time: the gateway reaches a collection from several threads
         # (searches, ingest, memory, a session's drop), and the engine's Python object refuses a
         # call while another holds it ("RuntimeError: Already borrowed", seen in CI on a close).
         self._guard = threading.RLock()
         self.shard: Any = None
-        path = directory / "shard"
-        config = q.EdgeConfig(
+        self.closed = False
+        self.last_used = time.monotonic()
+        self._config = q.EdgeConfig(
             vectors={DENSE: q.EdgeVectorParams(size=dim, distance=q.Distance.Cosine)},
             sparse_vectors={SPARSE: q.EdgeSparseVectorParams(modifier=q.Modifier.Idf)},
             max_search_threads=search_threads,
@@ -217,26 +225,64 @@ class EdgeEngine(Engine):
             # until their segment is vacuumed (as on a Qdrant server)
             optimizers=q.EdgeOptimizersConfig(deleted_threshold=0.0, vacuum_min_vector_number=1),
         )
+        self._open_shard()
+
+    def _open_shard(self) -> None:
+        q = self.q
+        path = self.directory / "shard"
+        self._lock = _ProcessLock(self.directory / "LOCK")
         try:
             if (path / "edge_config.json").exists():
-                self.shard = q.EdgeShard.load(str(path), config)
+                self.shard = q.EdgeShard.load(str(path), self._config)
             else:
-                self.shard = q.EdgeShard.create(str(path), config)
+                self.shard = q.EdgeShard.create(str(path), self._config)
                 for field in KEYWORD_FIELDS:
-                    self._op(
-                        "update", q.UpdateOperation.create_field_index(field, q.PayloadSchemaType.Keyword)
+                    self.shard.update(
+                        q.UpdateOperation.create_field_index(field, q.PayloadSchemaType.Keyword)
                     )
         except Exception as exc:
+            self.shard = None
             self._lock.release()
             if "WouldBlock" in str(exc):
                 raise ShardLocked(f"the Qdrant Edge shard {path} is held by another process") from exc
             raise
 
+    @property
+    def is_open(self) -> bool:
+        return self.shard is not None
+
     def _op(self, name: str, *args: Any, **kwargs: Any) -> Any:
         with self._guard:
             if self.shard is None:
-                raise RuntimeError(f"the Qdrant Edge shard in {self.directory} is closed")
+                if self.closed:
+                    raise RuntimeError(f"the Qdrant Edge shard in {self.directory} is closed")
+                self._open_shard()  # suspended while idle: open it again
+            self.last_used = time.monotonic()
             return getattr(self.shard, name)(*args, **kwargs)
+
+    def ensure_open(self) -> None:
+        """Open a suspended shard now (the Retriever does, so its count of open shards is right)."""
+        with self._guard:
+            if self.shard is None and not self.closed:
+                self._open_shard()
+            self.last_used = time.monotonic()
+
+    def suspend(self) -> bool:
+        """Flush and close the shard until the next call; False if it was not open (or is in use:
+        a call in progress on another thread keeps it open)."""
+        if not self._guard.acquire(blocking=False):
+            return False
+        try:
+            if self.shard is None:
+                return False
+            with contextlib.suppress(Exception):
+                self.shard.flush()
+            self.shard.close()
+            self.shard = None
+            self._lock.release()
+            return True
+        finally:
+            self._guard.release()
 
     # writes
     def upsert(self, points: list[PointData], atomic: bool = False) -> None:
@@ -367,12 +413,13 @@ class EdgeEngine(Engine):
 
     def close(self) -> None:
         with self._guard:
+            self.closed = True
             if self.shard is not None:
                 with contextlib.suppress(Exception):
                     self.shard.flush()
                 self.shard.close()
                 self.shard = None
-        self._lock.release()
+            self._lock.release()
 
     def drop(self) -> None:
         self.close()

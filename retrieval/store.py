@@ -110,6 +110,9 @@ class RetrievalConfig:
     # the second stage of bm25_dense (tuned on SciFact train; see docs/retrieval-engine.md)
     fusion: Fusion = field(default_factory=Fusion)
     search_threads: int = 1  # per embedded shard
+    # embedded shards kept open at once; the least recently used beyond it are suspended (closed
+    # until their next call). 0: no limit. A gateway with a collection per chat session needs it.
+    max_open_shards: int = 64
     optimize_every: int = 20_000  # changed points between optimisations of an embedded shard (0: never)
     migration_progress: Any = None  # callable(done, total) while an old-layout collection is migrated
 
@@ -574,6 +577,9 @@ class Retriever:
         with self._lock:
             opened = self._open.get((tenant, name))
             if opened is not None:
+                if isinstance(opened.engine, EdgeEngine):
+                    opened.engine.ensure_open()
+                    self._bound_open_shards(keep=opened)
                 return opened
             directory = self._dir(tenant, name)
             pool = self.pool
@@ -619,7 +625,27 @@ class Retriever:
                     engine.close()  # release the shard: the next open tries again
                     raise
             self._open[(tenant, name)] = collection
+            self._bound_open_shards(keep=collection)
             return collection
+
+    def _bound_open_shards(self, keep: Collection) -> None:
+        """Suspend the least recently used embedded shards beyond `max_open_shards` (never `keep`,
+        nor one in use on another thread). They reopen on their next call: nothing is lost, a
+        rarely used collection only pays its open again."""
+        limit = self.config.max_open_shards
+        if limit <= 0 or len(self._open) <= limit:
+            return
+        engines = [
+            c.engine for c in self._open.values() if isinstance(c.engine, EdgeEngine) and c.engine.is_open
+        ]
+        excess = len(engines) - limit
+        if excess <= 0:
+            return
+        for engine in sorted(engines, key=lambda e: e.last_used):
+            if excess <= 0:
+                break
+            if engine is not keep.engine and engine.suspend():
+                excess -= 1
 
     def _legacy(self, tenant: str, name: str) -> Path | None:
         """The directory of a first-layout collection of this name on this replica's disk, if any."""

@@ -927,3 +927,37 @@ def test_one_collection_from_many_threads(tmp_path):
         t.join()
     assert closer_errors == []
     r.close()
+
+
+def test_idle_shards_are_closed_beyond_the_limit_and_reopen_on_use(tmp_path):
+    """A gateway with a collection per chat session cannot keep every shard open: beyond
+    `max_open_shards` the least recently used is suspended (its process lock released, so the
+    files are free), and a Collection object someone still holds reopens it on its next call."""
+    from retrieval.engine import ShardLocked, _ProcessLock
+
+    config = RetrievalConfig(root=tmp_path / "r", embedder="minilm-static", max_open_shards=2)
+    retriever = Retriever(config)
+    try:
+        held = []
+        for i in range(4):
+            collection = retriever.get("acme", f"c{i}", create=True)
+            collection.ingest([DocumentInput(f"d{i}", f"document number {i} about tea")])
+            held.append(collection)
+        is_open = [c.engine.is_open for c in held]
+        assert is_open == [False, False, True, True], is_open
+        lock = _ProcessLock(held[0].directory / "LOCK")  # a suspended shard's files are free
+        lock.release()
+        with pytest.raises(ShardLocked):  # an open one stays ours
+            _ProcessLock(held[3].directory / "LOCK")
+        # held[0] reopens on use and answers as before
+        assert [h.document_id for h in held[0].search("tea", 5, "bm25")] == ["d0"]
+        assert held[0].engine.is_open
+        assert retriever.get("acme", "c0") is held[0]  # one object per collection, open or not
+        assert sum(c.engine.is_open for c in held) == 2  # the get trimmed back to the limit
+        assert retriever.get("acme", "c1").document("d1").text == "document number 1 about tea"
+        assert [c.engine.is_open for c in held] == [True, True, False, False]
+    finally:
+        retriever.close()
+    assert not any(c.engine.is_open for c in held)
+    with pytest.raises(RuntimeError, match="closed"):  # close is final: no reopening behind it
+        held[0].search("tea", 5, "bm25")
