@@ -34,6 +34,7 @@ from gateway.completions import AUTO, EventStream, TranslatingWire, serve
 from gateway.errors import APIError, JSONResponse
 from gateway.schemas import ChatCompletionRequest
 from gateway.state import AppState
+from gateway.stop_sequences import StopScan, cut_completion
 from gateway.stream_fast import Feed, anthropic_events
 
 log = logging.getLogger("polyroute.gateway")
@@ -196,6 +197,38 @@ class MessagesRequest(CountTokensRequest):
     inference_geo: str | None = None
 
 
+def document_text(block: dict[str, Any]) -> str | None:
+    """The text of a document block whose source is plain text (`text`, or `content` given inline),
+    with its title and context; None for other sources (base64 and URL files: litellm's adapter
+    sends those as files)."""
+    source = block.get("source") or {}
+    if source.get("type") == "text" and isinstance(source.get("data"), str):
+        text = source["data"]
+    elif source.get("type") == "content" and isinstance(source.get("content"), str):
+        text = source["content"]
+    elif source.get("type") == "content" and isinstance(source.get("content"), list):
+        parts = source["content"]
+        text = "\n\n".join(p["text"] for p in parts if isinstance(p, dict) and isinstance(p.get("text"), str))
+    else:
+        return None
+    return "\n\n".join(
+        p for p in (block.get("title"), block.get("context"), text) if isinstance(p, str) and p
+    )
+
+
+def with_plain_documents(blocks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Plain-text document blocks as text blocks: litellm's adapter drops them (it sends only file
+    sources), so their text reached neither the worker nor the data-class detection."""
+    out = []
+    for block in blocks:
+        if block.get("type") == "document" and (text := document_text(block)) is not None:
+            block = {"type": "text", "text": text}
+        elif block.get("type") == "tool_result" and isinstance(block.get("content"), list):
+            block = {**block, "content": with_plain_documents(block["content"])}
+        out.append(block)
+    return out
+
+
 def translate(body: CountTokensRequest) -> tuple[dict[str, Any], dict[str, str], list[str]]:
     """The chat-completions form of a Messages request, through litellm's adapter: (chat fields,
     truncated tool name -> original name, the parameters accepted but not forwarded)."""
@@ -206,6 +239,9 @@ def translate(body: CountTokensRequest) -> tuple[dict[str, Any], dict[str, str],
     metadata = dict(data.pop("metadata", None) or {})
     user = metadata.pop("user_id", None)
     stream = data.pop("stream", False)
+    for message in data["messages"]:
+        if isinstance(message["content"], list):
+            message["content"] = with_plain_documents(message["content"])
     try:
         chat, mapping = LiteLLMAnthropicMessagesAdapter().translate_anthropic_to_openai(
             anthropic_message_request=data  # type: ignore[arg-type]
@@ -270,12 +306,18 @@ class AnthropicWire(TranslatingWire):
         self.mapping: dict[str, str] = {}
         self.ignored: list[str] = []
         self.message_id = "msg_" + uuid.uuid4().hex
+        self.stops: list[str] = []  # stop_sequences: applied here, not sent (gateway/stop_sequences.py)
 
     async def read(self, request: Request, state: AppState) -> ChatCompletionRequest:
         data = await read_json_object(request, state.settings.max_body_bytes)
         body = await heavy_if(is_large(request), validate, MessagesRequest, data)
         chat, self.mapping, self.ignored = await heavy_if(is_large(request), translate, body)
+        self.stops = [s for s in body.stop_sequences or () if s]
+        chat.pop("stop", None)
         return await heavy_if(is_large(request), validate, ChatCompletionRequest, chat)
+
+    def policy_texts(self) -> tuple[str, ...]:
+        return tuple(self.stops)
 
     def _headers(self, headers: dict[str, str]) -> dict[str, str]:
         out = dict(headers)
@@ -291,7 +333,10 @@ class AnthropicWire(TranslatingWire):
 
     def answer(self, body: dict, headers: dict[str, str], background: BackgroundTask | None) -> Response:
         headers = self._headers(headers)
+        body, matched = cut_completion(body, self.stops) if self.stops else (body, None)
         message = anthropic_message(body, self.mapping, self.message_id)
+        if matched is not None:
+            message["stop_reason"], message["stop_sequence"] = "stop_sequence", matched
         return JSONResponse(message, headers=headers, background=background)
 
     def cached(self, body: bytes, headers: dict[str, str]) -> Response:
@@ -302,13 +347,19 @@ class AnthropicWire(TranslatingWire):
     ) -> AsyncIterator[bytes]:
         """Anthropic's events through litellm's AnthropicStreamWrapper: message_start,
         content_block_start/delta/stop per block, message_delta (stop_reason, usage), message_stop.
-        Plain text deltas skip the wrapper (gateway/stream_fast.py): the same events, faster."""
-        feed = Feed(chunks)
+        Plain text deltas skip the wrapper (gateway/stream_fast.py): the same events, faster. Stop
+        sequences cut the chunks before the wrapper reads them; message_delta then names the one."""
+        stops = StopScan(self.stops)
+        feed = Feed(stops.scan(chunks) if self.stops else chunks)
         wrapper = AnthropicStreamWrapper(feed, model=worker, tool_name_mapping=self.mapping)
         wrapper._message_id = self.message_id
         async for event in anthropic_events(wrapper, feed):
-            if event.get("type") == "message_delta" and feed.extra:
-                event = {**event, "polyroute": dict(feed.extra)}
+            if event.get("type") == "message_delta":
+                if stops.matched is not None:
+                    delta = {**event["delta"], "stop_reason": "stop_sequence", "stop_sequence": stops.matched}
+                    event = {**event, "delta": delta}
+                if feed.extra:
+                    event = {**event, "polyroute": dict(feed.extra)}
             yield sse_event(event)
 
     def error_event(self, message: str, code: str) -> bytes:

@@ -70,6 +70,11 @@ class Wire:
     async def read(self, request: Request, state: AppState) -> ChatCompletionRequest:
         return await read_model(request, ChatCompletionRequest, state.settings.max_body_bytes)
 
+    def policy_texts(self) -> tuple[str, ...]:
+        """Text the client sent that the wire keeps rather than forwards (gateway/anthropic.py applies
+        stop sequences itself): classified with the request all the same."""
+        return ()
+
     def error(self, err: APIError) -> Response:
         return error_response(err)
 
@@ -710,7 +715,7 @@ async def serve(request: Request, wire: Wire) -> Response:
                 chat,
                 engine,
                 spend,
-                memory_texts,
+                memory_texts + wire.policy_texts(),
             )
         tracing.admitted(admission)
         if recalled is not None:
