@@ -39,6 +39,7 @@ from bisect import bisect_right
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
+from io import BytesIO
 from typing import Protocol
 from urllib.parse import unquote
 
@@ -223,17 +224,42 @@ _HTML_ENTITY = re.compile(r"&#(?:[0-9]{1,7}|[xX][0-9a-fA-F]{1,6});")
 _DATA_URL = re.compile(r"data:[^,;\s]{0,128}(?:;[^,;\s]{1,128}){0,8};base64,([A-Za-z0-9+/=_\-\r\n]+)", re.I)
 
 
+PDF_MAX_PAGES = 100  # pages of an attached PDF read for detection (a worker reads them all; few send more)
+
+
+def _pdf_text(raw: bytes) -> str | None:
+    """The text layer of an attached PDF, as the worker's provider will extract it; None when it has
+    none that can be read (encrypted, damaged, or scanned images: no OCR here)."""
+    from pypdf import PdfReader
+
+    try:
+        reader = PdfReader(BytesIO(raw), strict=False)
+        if reader.is_encrypted:
+            return None
+        return "\n".join(page.extract_text() or "" for page in reader.pages[:PDF_MAX_PAGES]) or None
+    except Exception:  # noqa: BLE001 — pypdf raises many kinds on damaged files; none may fail the request
+        return None
+
+
 def _data_url_texts(text: str) -> list[str]:
-    """The payloads of base64 data URLs that decode to UTF-8 text (a text file a worker will read);
-    binary payloads (images, PDFs) are left alone."""
+    """The readable content of base64 data URLs: UTF-8 text (a text file a worker will read) and a
+    PDF's text layer. Other binary payloads (images) are left alone: there is no OCR here."""
     texts = []
     for match in _DATA_URL.finditer(text):
         payload = "".join(match.group(1).split())
         payload += "=" * (-len(payload) % 4)
         try:
             raw = base64.b64decode(payload, altchars=b"-_" if "-" in payload or "_" in payload else None)
+        except (binascii.Error, ValueError):  # not base64
+            continue
+        if raw.startswith(b"%PDF-"):
+            found = _pdf_text(raw)
+            if found:
+                texts.append(found)
+            continue
+        try:
             texts.append(raw.decode("utf-8"))
-        except (binascii.Error, ValueError):  # not base64, or not UTF-8 text
+        except ValueError:  # binary: an image, an archive
             continue
     return texts
 
@@ -242,7 +268,7 @@ def decoded_views(text: str) -> list[str]:
     """The text as it reads once escapes are undone, when it holds any: JSON "\\uXXXX" escapes (tool
     call arguments are JSON inside a string, and json.dumps escapes every non-ASCII character),
     percent-encoding ("jane%40example.com" in a URL), HTML character references ("&#64;"), and
-    base64 data URLs holding text (an attached text file, as OpenAI's file_data sends it).
+    base64 data URLs holding text or a PDF (an attached file, as OpenAI's file_data sends it).
 
     A worker reads through these; detection must too. They are extra texts to scan, not a
     replacement: offsets in them mean nothing for the original, and the engine only needs kinds.
