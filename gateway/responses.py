@@ -7,9 +7,10 @@ translated into the internal chat-completions request by litellm's own bridge
 then served by `completions.serve`: keys, rate limits, memory, data class and policy, routing (auto,
 aliases, pinned workers, workflows), budgets with reservation, fallback, ledger, metrics and headers
 are those of chat completions, not copies. Answers go back through litellm's bridge too
-(`transform_chat_completion_response_to_responses_api_response`, and its
-`LiteLLMCompletionStreamingIterator` for the typed events), used as pure translators: no litellm
-call is made from here.
+(`transform_chat_completion_response_to_responses_api_response`), used as a pure translator: no
+litellm call is made from here. The typed stream events are written by gateway/responses_stream.py
+(litellm's streaming iterator cost more than the rest of the endpoint; see that module), ending with
+the response object the bridge writes for a plain answer.
 
 What litellm lacked, written here: the request's validation; a response store (litellm's bridge
 keeps sessions in its proxy's spend-log database, which polyroute does not have); response ids,
@@ -27,9 +28,6 @@ from collections.abc import AsyncIterator
 from typing import Any, Literal
 
 import orjson
-from litellm.responses.litellm_completion_transformation.streaming_iterator import (
-    LiteLLMCompletionStreamingIterator,
-)
 from litellm.responses.litellm_completion_transformation.transformation import (
     LiteLLMCompletionResponsesConfig as Bridge,
 )
@@ -43,11 +41,11 @@ from gateway import ratelimits
 from gateway.body import heavy_if, is_large, read_json_object, validate
 from gateway.completions import EventStream, TranslatingWire, serve, store_reply_error
 from gateway.errors import APIError, JSONResponse, error_response
+from gateway.responses_stream import response_events
 from gateway.schemas import ChatCompletionRequest
 from gateway.state import AppState
 from gateway.store import StoreReplyError, StoreUnavailable
 from gateway.store.responses import ResponseStore, responses_store
-from gateway.stream_fast import Feed, responses_events
 
 log = logging.getLogger("polyroute.gateway")
 
@@ -450,41 +448,30 @@ class ResponsesWire(TranslatingWire):
     async def frames(
         self, chunks: AsyncIterator[dict], worker: str, include_usage: bool
     ) -> AsyncIterator[bytes]:
-        """The Responses API's typed events through litellm's LiteLLMCompletionStreamingIterator:
-        response.created, response.in_progress, then per output item output_item.added,
-        content_part.added, output_text.delta... (function_call_arguments.delta/done for a tool
-        call), output_item.done, and response.completed (or response.incomplete) with the usage.
-        Plain text deltas skip the iterator (gateway/stream_fast.py): the same events, faster."""
-        feed = Feed(chunks)
-        events = LiteLLMCompletionStreamingIterator(
-            model=worker,
-            litellm_custom_stream_wrapper=feed,  # type: ignore[arg-type]
-            request_input=self.items,  # type: ignore[arg-type]
-            responses_api_request=self.params,  # type: ignore[arg-type]
+        """The Responses API's typed events (gateway/responses_stream.py): response.created,
+        response.in_progress, per output item output_item.added, content_part.added,
+        output_text.delta... (function_call_arguments.delta/done for a tool call), output_item.done,
+        and response.completed (or response.incomplete) with the usage; the response is stored."""
+        extra: dict[str, Any] = {}
+
+        async def source() -> AsyncIterator[dict]:
+            async for chunk in chunks:
+                if "polyroute" in chunk:  # the usage chunk: what the answer cost
+                    chunk = dict(chunk)
+                    extra.update(chunk.pop("polyroute"))
+                yield chunk
+
+        events = response_events(
+            source(), lambda: self.envelope("in_progress", [], None, worker), self.response_object
         )
-        async for event in responses_events(events, feed):
-            if isinstance(event, dict):  # a text delta, written by stream_fast in OpenAI's form
-                yield self._event(event)
-                continue
-            data = event.model_dump(mode="json", exclude_none=True)
-            kind = data["type"]
-            if kind in ("response.created", "response.in_progress"):
-                yield self._event({"type": kind, "response": self.envelope("in_progress", [], None, worker)})
-                continue
-            if kind in TERMINAL:
-                response = self.translated(event.response)  # type: ignore[attr-defined]
+        async for event in events:
+            if event["type"] in TERMINAL:
+                response = event["response"]
                 response["model"] = worker
-                if feed.extra:
-                    response["polyroute"] = dict(feed.extra)
+                if extra:
+                    response["polyroute"] = dict(extra)
                 await self.save(response)
-                yield self._event({"type": kind, "response": response})
-                continue
-            data.pop("sequence_number", None)
-            if "item" in data:
-                data["item"] = clean_item(data["item"])
-            if kind in ("response.output_text.delta", "response.output_text.done"):
-                data.setdefault("logprobs", [])
-            yield self._event(data)
+            yield self._event(event)
 
     def error_event(self, message: str, code: str) -> bytes:
         """OpenAI's `error` event, then `response.failed`: the stream's end for clients that wait

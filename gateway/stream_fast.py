@@ -1,12 +1,12 @@
-"""Plain text deltas past litellm's stream translators; every other chunk through them.
+"""Plain text deltas past litellm's Anthropic stream translator; every other chunk through it.
 
-litellm's `AnthropicStreamWrapper` (Messages) and `LiteLLMCompletionStreamingIterator` (Responses)
-rebuild each chunk as a pydantic `ModelResponseStream`, split and re-inspect it, and build a pydantic
-event for it: about 100 µs a chunk on a loaded 2-core machine, which put streamed /v1/messages and
-/v1/responses well past chat completions' overhead (docs/benchmarks.md). Most chunks of an answer
-are one shape: a single choice whose delta is only text, while a text block (or message item) is
-open and the translator has nothing queued. For that shape the event is fixed (a `text_delta` /
-`response.output_text.delta` at the open block's index), so it is written here, in a few µs.
+litellm's `AnthropicStreamWrapper` rebuilds each chunk as a pydantic `ModelResponseStream`, splits
+and re-inspects it: about 115 µs a chunk on a loaded 2-core machine (cProfile), which put streamed
+/v1/messages well past chat completions' overhead (docs/benchmarks.md). Most chunks of an answer
+are one shape: a single choice whose delta is only text, while a text block is open and the
+wrapper has nothing queued. For that shape the event is fixed (a `text_delta` at the open block's
+index), so it is written here, in about 2 µs. (Responses streams are written by
+gateway/responses_stream.py instead: there litellm's fixed cost per stream was the larger part.)
 Everything else (the first chunk, role-only and empty chunks, tool calls, finish reasons, usage,
 refusals, the start and stop envelopes) still goes through litellm's translator, unchanged.
 
@@ -14,8 +14,8 @@ refusals, the start and stop envelopes) still goes through litellm's translator,
 shape or the translator is not in the state where that shape's event is fixed (`busy`); litellm
 reads the chunks it is handed through `Feed`, and when it asks for more than it was handed (it skips
 empty chunks), `Feed` reads on from upstream, so litellm always sees an uninterrupted stream.
-Tests (tests/test_stream_fast.py) check that the events equal litellm's own, chunk for chunk, for
-text, tool calls, parallel tool calls and streams mixing the two.
+Tests (tests/test_stream_fast.py) check that the events equal the wrapper's own, chunk for chunk,
+for text, tool calls, parallel tool calls and streams mixing the two.
 """
 
 from __future__ import annotations
@@ -50,10 +50,7 @@ class Feed:
     """What litellm's translator reads: chunks handed to it by `drive`, else the next from upstream.
 
     Each becomes a `ModelResponseStream` (what litellm expects); the usage chunk's `polyroute` entry
-    (the answer's cost) is kept in `extra` for the wire to put on its closing event. `logging_obj` is
-    there because `LiteLLMCompletionStreamingIterator` reads it from a CustomStreamWrapper."""
-
-    logging_obj = None
+    (the answer's cost) is kept in `extra` for the wire to put on its closing event."""
 
     def __init__(self, upstream: AsyncIterator[dict]) -> None:
         self.upstream = upstream
@@ -148,65 +145,3 @@ def anthropic_events(wrapper: Any, feed: Feed) -> AsyncIterator[dict]:
         return {"type": "content_block_delta", "index": index, "delta": {"type": "text_delta", "text": text}}
 
     return drive(wrapper, feed, busy, fast)
-
-
-# ---- OpenAI Responses: litellm's LiteLLMCompletionStreamingIterator ----------------------------------
-RESPONSES_STATE = (
-    "_response_id_primed",
-    "_buffered_chunk",
-    "sent_response_created_event",
-    "sent_response_in_progress_event",
-    "sent_output_item_added_event",
-    "sent_message_item_added_event",
-    "sent_content_part_added_event",
-    "_pending_response_events",
-    "_pending_tool_events",
-    "_reasoning_active",
-    "_cached_item_id",
-    "_sequence_number",
-    "collected_chat_completion_chunks",
-    "finished",
-)
-
-
-def responses_events(iterator: Any, feed: Feed) -> AsyncIterator[Any]:
-    """`iterator` (a LiteLLMCompletionStreamingIterator reading `feed`)'s events (pydantic objects),
-    and for a text chunk while its message item is open, the `response.output_text.delta` it would
-    write (a dict). The chunk is still collected where litellm collects it: its response.completed
-    (and the *.done events) are built from all chunks at the end."""
-    ready = all(hasattr(iterator, name) for name in RESPONSES_STATE) and hasattr(iterator, "_message_index")
-
-    def busy() -> bool:
-        return (
-            not ready
-            or not iterator._response_id_primed
-            or iterator._buffered_chunk is not None
-            or not iterator.sent_response_created_event
-            or not iterator.sent_response_in_progress_event
-            or bool(iterator._pending_response_events)
-            or bool(iterator._pending_tool_events)
-            or bool(getattr(iterator, "_pending_annotation_events", None))
-        )
-
-    def fast(text: str, chunk: dict) -> dict | None:
-        if (
-            not iterator.sent_output_item_added_event
-            or not iterator.sent_message_item_added_event
-            or not iterator.sent_content_part_added_event
-            or iterator._reasoning_active
-            or iterator.finished
-            or iterator._cached_item_id is None
-        ):
-            return None
-        iterator.collected_chat_completion_chunks.append(chunk)
-        iterator._sequence_number += 1
-        return {
-            "type": "response.output_text.delta",
-            "item_id": iterator._cached_item_id,
-            "output_index": iterator._message_index(),
-            "content_index": 0,
-            "delta": text,
-            "logprobs": [],
-        }
-
-    return drive(iterator, feed, busy, fast)

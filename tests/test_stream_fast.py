@@ -1,6 +1,6 @@
 """gateway/stream_fast.py writes plain text deltas itself and hands every other chunk to litellm's
-stream translators. These tests feed the same chunk sequences (in the pipeline's chunk form) to
-litellm's translator alone and to the fast path, and require the same events: for text, tool calls
+AnthropicStreamWrapper. These tests feed the same chunk sequences (in the pipeline's chunk form) to
+the wrapper alone and to the fast path, and require the same events: for text, tool calls
 (arguments in one chunk or in pieces), parallel tool calls, text then a tool call, a tool call then
 text, empty and refusal chunks, streams with and without a usage chunk. They also check that the fast
 path was taken (fewer chunks reached litellm), so a litellm upgrade that moves the state it reads shows
@@ -14,12 +14,9 @@ from typing import Any
 
 import pytest
 from litellm.llms.anthropic.pass_through.adapters.streaming_iterator import AnthropicStreamWrapper
-from litellm.responses.litellm_completion_transformation.streaming_iterator import (
-    LiteLLMCompletionStreamingIterator,
-)
 from litellm.types.utils import ModelResponseStream
 
-from gateway.stream_fast import Feed, anthropic_events, plain_text, responses_events
+from gateway.stream_fast import Feed, anthropic_events, plain_text
 
 BASE = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1700000000, "model": "w"}
 
@@ -173,83 +170,6 @@ def test_anthropic_text_then_tool_call_blocks():
     assert "".join(p["partial_json"] for p in pieces) == ARGS
     assert got[-2]["type"] == "message_delta" and got[-2]["delta"]["stop_reason"] == "tool_use"
     assert got[-2]["usage"]["output_tokens"] == 9 and got[-1] == {"type": "message_stop"}
-
-
-# ---- Responses ----------------------------------------------------------------------------------------
-PARAMS: dict[str, Any] = {
-    "tools": [{"type": "function", "name": "get_weather", "parameters": {"type": "object"}}]
-}
-ITEMS = [{"type": "message", "role": "user", "content": "weather?"}]
-
-
-def responses_iterator(source) -> LiteLLMCompletionStreamingIterator:
-    class Wrapped:  # the CustomStreamWrapper shape the iterator reads
-        logging_obj = None
-
-        async def __anext__(self):
-            return await anext(source)
-
-    return LiteLLMCompletionStreamingIterator(
-        model="w",
-        litellm_custom_stream_wrapper=source if isinstance(source, Feed) else Wrapped(),  # type: ignore[arg-type]
-        request_input=ITEMS,  # type: ignore[arg-type]
-        responses_api_request=PARAMS,  # type: ignore[arg-type]
-    )
-
-
-def normal(events: list[Any]) -> list[dict[str, Any]]:
-    """Events as the wire writes them, with the ids litellm draws at random (and the clock) replaced by
-    their order of appearance, so two runs compare."""
-    ids: dict[str, str] = {}
-
-    def walk(value: Any, key: str = "") -> Any:
-        if isinstance(value, dict):
-            return {k: walk(v, k) for k, v in value.items() if k not in ("created_at", "sequence_number")}
-        if isinstance(value, list):
-            return [walk(v) for v in value]
-        if key in ("id", "item_id") and isinstance(value, str):
-            return ids.setdefault(value, f"id-{len(ids)}")
-        return value
-
-    out = []
-    for event in events:
-        data = dict(event) if isinstance(event, dict) else event.model_dump(mode="json", exclude_none=True)
-        if data["type"] in ("response.output_text.delta", "response.output_text.done"):
-            data.setdefault("logprobs", [])
-        out.append(walk(data))
-    return out
-
-
-async def responses_both(chunks: list[dict[str, Any]]) -> tuple[list, list, int]:
-    expected = [event async for event in responses_iterator(litellm_alone(chunks))]
-    feed = CountingFeed(replay(chunks))
-    got = [event async for event in responses_events(responses_iterator(feed), feed)]
-    return normal(expected), normal(got), feed.read
-
-
-@pytest.mark.parametrize("name", list(STREAMS))
-def test_responses_events_equal_litellms_own(name):
-    chunks = STREAMS[name]
-    expected, got, read = asyncio.run(responses_both(chunks))
-    assert got == expected
-    if sum(plain_text(c) is not None for c in chunks) >= 3:
-        assert read < len(chunks), (read, len(chunks))
-
-
-def test_responses_text_then_tool_call_items():
-    _, got, _ = asyncio.run(responses_both(STREAMS["text then a tool call"]))
-    kinds = [e["type"] for e in got]
-    assert kinds[:2] == ["response.created", "response.in_progress"]
-    deltas = [e["delta"] for e in got if e["type"] == "response.output_text.delta"]
-    assert "".join(deltas) == "Let me check the weather. "
-    arguments_done = [e for e in got if e["type"] == "response.function_call_arguments.done"]
-    assert [e["arguments"] for e in arguments_done] == [ARGS]
-    completed = got[-1]
-    assert completed["type"] == "response.completed"
-    output = completed["response"]["output"]
-    assert [item["type"] for item in output] == ["message", "function_call"]
-    assert output[0]["content"][0]["text"] == "Let me check the weather. "
-    assert output[1]["name"] == "get_weather" and output[1]["arguments"] == ARGS
 
 
 def test_plain_text_is_only_the_hot_shape():
