@@ -32,7 +32,8 @@ PLAIN_KEYS = frozenset(("content", "role"))
 
 
 def plain_text(chunk: dict[str, Any]) -> str | None:
-    """The text of a chunk that is only one choice's non-empty text delta; None for any other chunk."""
+    """The text of a chunk that is only one choice's text delta ("" for a blank one: a role, or empty
+    content); None for any other chunk."""
     choices = chunk.get("choices")
     if not choices or len(choices) != 1 or chunk.get("usage") or "polyroute" in chunk:
         return None
@@ -40,8 +41,8 @@ def plain_text(chunk: dict[str, Any]) -> str | None:
     if choice.get("finish_reason") is not None or choice.get("logprobs") is not None:
         return None
     delta = choice.get("delta") or {}
-    text = delta.get("content")
-    if not isinstance(text, str) or not text or not PLAIN_KEYS.issuperset(delta):
+    text = delta.get("content") or ""
+    if not isinstance(text, str) or not PLAIN_KEYS.issuperset(delta):
         return None
     return text
 
@@ -72,9 +73,9 @@ async def drive(
     translator: AsyncIterator[Any],
     feed: Feed,
     busy: Callable[[], bool],
-    fast: Callable[[str, dict], dict | None],
+    fast: Callable[[str, dict], list[dict] | None],
 ) -> AsyncIterator[Any]:
-    """The translator's events, with `fast(text, chunk)`'s event in place of litellm's for each hot
+    """The translator's events, with `fast(text, chunk)`'s events in place of litellm's for each hot
     chunk that arrives while `busy()` is false. `fast` may decline (None): litellm translates it."""
     while True:
         if feed.pending or busy():
@@ -89,8 +90,9 @@ async def drive(
         except StopAsyncIteration:
             break
         text = plain_text(chunk)
-        if text is not None and (event := fast(text, chunk)) is not None:
-            yield event
+        if text is not None and (events := fast(text, chunk)) is not None:
+            for event in events:
+                yield event
             continue
         feed.pending.append(chunk)
     async for event in translator:  # upstream ended: litellm closes the blocks and the message
@@ -118,7 +120,9 @@ ANTHROPIC_STATE = (
 def anthropic_events(wrapper: Any, feed: Feed) -> AsyncIterator[dict]:
     """`wrapper` (an AnthropicStreamWrapper reading `feed`)'s events; a text chunk inside an open text
     block is the wrapper's own `content_block_delta` for it (its translator maps content to a
-    text_delta at the current index and changes no state), written here."""
+    text_delta at the current index and changes no state), written here; a blank chunk (the role-only
+    first chunk, empty content) while the block is, or will open as, a text block gives no event
+    there, and none here."""
     splitter = wrapper.completion_stream  # litellm's _CombinedChunkSplitter: pieces of a split chunk
     ready = all(hasattr(wrapper, name) for name in ANTHROPIC_STATE) and hasattr(splitter, "_buffer")
 
@@ -131,17 +135,21 @@ def anthropic_events(wrapper: Any, feed: Feed) -> AsyncIterator[dict]:
             or (wrapper.compaction_block is not None and not wrapper.sent_compaction_block)
         )
 
-    def fast(text: str, chunk: dict) -> dict | None:
+    def fast(text: str, chunk: dict) -> list[dict] | None:
         if (
-            not wrapper.sent_content_block_start
-            or wrapper.sent_content_block_finish
-            or wrapper.current_content_block_type != "text"
+            wrapper.current_content_block_type != "text"
             or wrapper.holding_chunk is not None
             or wrapper.holding_stop_reason_chunk is not None
             or wrapper.queued_usage_chunk
         ):
             return None
+        if not text:
+            return [] if not wrapper.sent_content_block_finish else None
+        if not wrapper.sent_content_block_start or wrapper.sent_content_block_finish:
+            return None
         index = wrapper.current_content_block_index
-        return {"type": "content_block_delta", "index": index, "delta": {"type": "text_delta", "text": text}}
+        return [
+            {"type": "content_block_delta", "index": index, "delta": {"type": "text_delta", "text": text}}
+        ]
 
     return drive(wrapper, feed, busy, fast)

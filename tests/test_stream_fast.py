@@ -175,7 +175,8 @@ def test_anthropic_text_then_tool_call_blocks():
 def test_plain_text_is_only_the_hot_shape():
     assert plain_text(chunk({"content": "x"})) == "x"
     assert plain_text(chunk({"role": "assistant", "content": "x"})) == "x"
-    assert plain_text(chunk({"content": ""})) is None
+    assert plain_text(chunk({"content": ""})) == ""  # blank: no event while a text block is open
+    assert plain_text(chunk({"role": "assistant"})) == ""
     assert plain_text(chunk({"content": "x"}, "stop")) is None
     assert plain_text(chunk({"content": "x", "refusal": "no"})) is None
     assert plain_text(call(0, "c", "f")) is None
