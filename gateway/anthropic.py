@@ -6,9 +6,12 @@ translated into the internal chat-completions request by litellm's own adapter
 keys, rate limits, memory, data class and policy, routing (auto, aliases, pinned workers), budgets
 with reservation, fallback, ledger, metrics and headers are those of chat completions, not copies.
 Answers go back through litellm's adapter too (`translate_openai_response_to_anthropic`, and its
-`AnthropicStreamWrapper` for the event stream). What litellm lacked, written here: the request's
-validation, Anthropic-format errors (JSON and the SSE `error` event), the message id, polyroute's
-metadata keys and cost on the answer, and the token count's endpoint. See docs/anthropic.md.
+`AnthropicStreamWrapper` for the event stream, with plain text deltas written past it by
+gateway/stream_fast.py). What litellm lacked, written here: the request's validation,
+Anthropic-format errors (JSON and the SSE `error` event), the message id, polyroute's metadata keys
+and cost on the answer, the token count's endpoint, plain-text document blocks (the adapter drops
+them), and stop sequences with the stop_reason that names them (gateway/stop_sequences.py: they are
+applied here, not sent). See docs/anthropic.md.
 """
 
 from __future__ import annotations
