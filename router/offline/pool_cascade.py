@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -31,8 +32,9 @@ from router.evidence import logit
 from router.offline.book import AnswerBook
 from router.offline.code_runs import code_runs_for
 from router.offline.dataset import RoutingDataset
-from router.offline.metrics import DEFAULT_LAMBDAS, lambda_curve
-from router.offline.planner_fit import Recorded, fit_planner
+from router.offline.metrics import DEFAULT_LAMBDAS, aiq, lambda_curve
+from router.offline.plan_table_fit import cross_fit_tables, fit_plan_table
+from router.offline.planner_fit import FittedPlanners, Recorded, fit_planner
 from router.offline.pool import (
     PoolData,
     Validation,
@@ -49,6 +51,7 @@ from router.offline.pool import (
 )
 from router.offline.replay import Replay, agreement_rule, replay
 from router.offline.split import cross_fit
+from router.plan_table import PlanTable
 
 FOLDS = 5
 DECISION = (
@@ -107,6 +110,79 @@ def _operating(run: Replay, target: float, budget: float) -> tuple[int, str]:
     return int(np.argmin(spent)), "every λ cost more than the best single worker on validation: the cheapest"
 
 
+@dataclass
+class Strategies:
+    """The planner and the plan table replayed on the training files, each question planned by fold
+    models that never saw it, and the one with the higher AIQ there (``chosen``)."""
+
+    rows: np.ndarray  # the training rows replayed (every worker's label and cost recorded)
+    held: dict[str, Replay]
+    aiq: dict[str, float]
+    table: PlanTable  # fitted on every training row
+    chosen: str
+
+
+def compare_strategies(
+    book: AnswerBook,
+    rec: Recorded,
+    planners: FittedPlanners,
+    cost_cf: np.ndarray,
+    Y: np.ndarray,
+    C: np.ndarray,
+    workers: Sequence[str],
+    lambdas: Sequence[float],
+    seed: int,
+    say: Callable[[str], None],
+) -> Strategies:
+    """Which answer-aware strategy a trained router should use: both are cross-fitted on the training
+    files and replayed at every λ; the higher AIQ (up to the dearest worker's mean cost) wins."""
+    rows = np.flatnonzero(~(np.isnan(Y).any(axis=1) | np.isnan(C).any(axis=1)))
+    say("validation: replaying the training files with the fold planners")
+    held = {"planner": replay(planners.for_row, book, rows, rec.log_odds, cost_cf, C, Y, lambdas)}
+    tables, fold_of = cross_fit_tables(book, Y, C, workers, k=FOLDS, seed=seed, progress=say)
+    say("validation: replaying the training files with the fold plan tables")
+    held["plan_table"] = replay(
+        lambda i: tables[fold_of[i]], book, rows, rec.log_odds, cost_cf, C, Y, lambdas
+    )
+    dearest = float(C[rows].mean(axis=0).max())
+    scores = {name: replay_aiq(run, dearest) for name, run in held.items()}
+    table = fit_plan_table(book, Y, C, workers)
+    return Strategies(rows, held, scores, table, max(scores, key=lambda name: scores[name]))
+
+
+def replay_aiq(run: Replay, max_cost: float) -> float:
+    """AIQ of a replay's λ curve up to ``max_cost`` (points dearer than it left out, as score_aiq does)."""
+    points = np.c_[run.mean_cost(), run.accuracy()]
+    within = points[points[:, 0] <= max_cost * (1 + 1e-9)]
+    return aiq(within, max_cost) if len(within) else 0.0
+
+
+def _cascade_router(
+    name: str, run: Replay, held: Replay, at: int, how: str, validation_rows: int, test, data
+) -> dict[str, Any]:
+    """The report of one answer-aware strategy: its test curve, and the operating point chosen on
+    the cross-fitted replay of the training files."""
+    return {
+        "name": name,
+        "strategy": "cascade",
+        "curve": _curve(run),
+        "validation_curve": _curve(held),
+        "operating_point": {
+            "lambda": run.lambdas[at],
+            "how": how,
+            "validation_rows": validation_rows,
+            "validation_accuracy": float(held.accuracy()[at]),
+            "validation_cost_usd": float(held.mean_cost()[at]),
+            "test_accuracy": float(run.accuracy()[at]),
+            "test_cost_usd": float(run.mean_cost()[at]),
+            "calls_per_query": float(run.calls[at].mean()),
+            "rounds_per_query": float(run.rounds[at].mean()),
+            "stop_shares": run.stop_shares(at),
+            "first_call_shares": shares(run.first[at], test.groups, data.workers)["all"],
+        },
+    }
+
+
 def evaluate_cascade(
     train: RoutingDataset,
     test: RoutingDataset,
@@ -158,26 +234,55 @@ def evaluate_cascade(
     planners = fit_planner(rec, k=FOLDS, seed=seed, progress=say)
     fit_seconds = time.perf_counter() - started
 
-    say("validation: replaying the training files with the fold planners")
-    complete = np.flatnonzero(~(np.isnan(Y).any(axis=1) | np.isnan(C).any(axis=1)))
-    held = replay(planners.for_row, book_train, complete, rec.log_odds, cost_cf, C, Y, lambdas)
+    strategies = compare_strategies(
+        book_train, rec, planners, cost_cf, Y, C, train.workers, lambdas, seed, say
+    )
+    complete, helds, table, chosen = strategies.rows, strategies.held, strategies.table, strategies.chosen
+    validation_aiq = strategies.aiq
     best, _ = best_and_cheapest(train)
-    at, how = _operating(held, float(Y[complete, best].mean()), float(C[complete, best].mean()))
+    target, budget = float(Y[complete, best].mean()), float(C[complete, best].mean())
 
     say("test: replaying the test files")
+    test_log_odds = logit(np.nan_to_num(quality, nan=0.5))
     replay_started = time.perf_counter()
-    run = replay(
-        lambda i: planners.final,
+    runs = {
+        "planner": replay(
+            lambda i: planners.final,
+            book_test,
+            range(len(test)),
+            test_log_odds,
+            predicted_cost,
+            data.test_costs,
+            test.labels,
+            lambdas,
+        )
+    }
+    per_query_ms = (
+        1000
+        * (time.perf_counter() - replay_started)
+        / max(1, runs["planner"].rounds.sum() + runs["planner"].rounds.size)
+    )
+    runs["plan_table"] = replay(
+        lambda i: table,
         book_test,
         range(len(test)),
-        logit(np.nan_to_num(quality, nan=0.5)),
+        test_log_odds,
         predicted_cost,
         data.test_costs,
         test.labels,
         lambdas,
     )
-    per_query_ms = 1000 * (time.perf_counter() - replay_started) / max(1, run.rounds.sum() + run.rounds.size)
-    ours: dict[str, Any] = {"name": "ours", "strategy": "cascade", "curve": _curve(run)}
+    points = {name: _operating(helds[name], target, budget) for name in runs}
+    for name, run in runs.items():
+        at, how = points[name]
+        routers[name] = _cascade_router(name, run, helds[name], at, how, len(complete), test, data)
+        routers[name]["validation_aiq"] = round(validation_aiq[name], 4)
+    ours = {**routers[chosen], "name": "ours", "chosen": chosen}
+    ours["chosen_because"] = (
+        f"higher AIQ on the cross-fitted replay of the training files ({validation_aiq[chosen]:.4f} "
+        f"against {min(validation_aiq.values()):.4f})"
+    )
+    run, (at, _) = runs[chosen], points[chosen]
     voters = _rule_voters(train, best)
     rule = agreement_rule(book_test, range(len(test)), voters, best, data.test_costs, test.labels)
     routers["ours"] = ours
@@ -192,22 +297,8 @@ def evaluate_cascade(
     )
     singles = single_workers(data)
     max_cost = score_aiq(routers, singles)
-    for name in ("ours", "single"):
+    for name in ("ours", "single", "planner", "plan_table"):
         routers[name].update(goal_metrics(routers[name], routers["best_single"]))
-    ours["operating_point"] = {
-        "lambda": lambdas[at],
-        "how": how,
-        "validation_rows": len(complete),
-        "validation_accuracy": float(held.accuracy()[at]),
-        "validation_cost_usd": float(held.mean_cost()[at]),
-        "test_accuracy": float(run.accuracy()[at]),
-        "test_cost_usd": float(run.mean_cost()[at]),
-        "calls_per_query": float(run.calls[at].mean()),
-        "rounds_per_query": float(run.rounds[at].mean()),
-        "stop_shares": run.stop_shares(at),
-        "first_call_shares": shares(run.first[at], test.groups, data.workers)["all"],
-    }
-    ours["validation_curve"] = _curve(held)
     groups = np.array(test.groups)
     per_task = {}
     for group in sorted(set(test.groups)):
@@ -234,6 +325,8 @@ def evaluate_cascade(
         "per_task": per_task,
         "cascade": {
             **planners.final.card,
+            "strategy": chosen,
+            "plan_table": table.card,
             "validation": "cross-fitted replay of the training files: each query planned by fold models "
             "(prior, cost, post-hoc, gain) that never saw it",
             "replay_ms_per_decision": round(per_query_ms, 3),
@@ -279,8 +372,30 @@ def train_cascade(
     )
     say("running code answers (behaviour keys)")
     book = AnswerBook(ds.texts, ds.responses, code_runs_for(ds.texts, ds.responses))
-    planners = fit_planner(Recorded.from_priors(book, prior, ds.labels), k=FOLDS, seed=seed, progress=say)
+    rec = Recorded.from_priors(book, prior, ds.labels)
+    planners = fit_planner(rec, k=FOLDS, seed=seed, progress=say)
     artifact.cascade = planners.final
-    artifact.card["cascade"] = planners.final.card
+    artifact.card["cascade"] = {**planners.final.card, "strategy": "planner"}
+    if ds.costs is not None:  # a plan table is scored on recorded costs (RouterBench has them)
+        C = np.asarray(ds.costs, dtype=float)
+        say(f"cross-fitting the cost model ({FOLDS} folds)")
+        cost_cf = cross_fit(
+            len(ds), FOLDS, seed + 3, lambda a, b: CostModel().fit(X[a], np.nan_to_num(C[a])).predict(X[b])
+        )
+        found = compare_strategies(
+            book, rec, planners, cost_cf, ds.labels, C, ds.workers, DEFAULT_LAMBDAS, seed, say
+        )
+        say(
+            "strategy: "
+            + ", ".join(f"{name} AIQ {value:.4f}" for name, value in found.aiq.items())
+            + f" on the cross-fitted training replay: {found.chosen}"
+        )
+        if found.chosen == "plan_table":
+            artifact.cascade = found.table
+        artifact.card["cascade"] = {
+            **(found.table.card if found.chosen == "plan_table" else planners.final.card),
+            "strategy": found.chosen,
+            "validation_aiq": {name: round(value, 4) for name, value in found.aiq.items()},
+        }
     artifact.card["strategy"] = "cascade"
     return artifact
