@@ -334,6 +334,12 @@ def test_eval_cli_cascade_replays_plans_and_reports_the_new_keys(tmp_path: Path)
     )
     rule = report["routers"]["agreement_rule"]
     assert rule["voters"] and rule["fallback"] == report["routers"]["best_single"]["worker"]
+    # both answer-aware strategies are reported; ours is the one that replayed better on the train files
+    planner, table = report["routers"]["planner"], report["routers"]["plan_table"]
+    assert ours["chosen"] in ("planner", "plan_table") and "cross-fitted replay" in ours["chosen_because"]
+    chosen, other = (planner, table) if ours["chosen"] == "planner" else (table, planner)
+    assert chosen["validation_aiq"] >= other["validation_aiq"] and ours["curve"] == chosen["curve"]
+    assert report["cascade"]["strategy"] == ours["chosen"] and report["cascade"]["plan_table"]["clusters"]
     # the AIQ axis ends at the dearest single model: no router is credited beyond it
     assert report["max_cost_usd"] == max(s["cost_usd"] for s in report["singles"].values())
     assert report["routers"]["oracle"]["aiq"] + 1e-9 >= report["routers"]["random"]["aiq"]
@@ -358,7 +364,15 @@ def test_train_cli_cascade_saves_a_planner_the_gateway_loads(tmp_path: Path) -> 
     assert result.exit_code == 0, result.output
     artifact = load_current(tmp_path / "r")
     assert artifact is not None and artifact.cascade is not None
-    assert artifact.card["strategy"] == "cascade" and artifact.card["cascade"]["queries"] == 36
+    assert artifact.card["strategy"] == "cascade"
+    card = artifact.card["cascade"]
+    assert card["strategy"] in ("planner", "plan_table") and set(card["validation_aiq"]) == {
+        "planner",
+        "plan_table",
+    }
+    assert type(artifact.cascade).__name__ == (
+        "CascadePlanner" if card["strategy"] == "planner" else "PlanTable"
+    )
     refused = CliRunner().invoke(app, ["router", "train", "--format", "routerbench", "--train", str(RB)])
     assert refused.exit_code == 2 and "--strategy cascade" in refused.output
     no_answers = CliRunner().invoke(

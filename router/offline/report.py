@@ -115,7 +115,8 @@ def print_pool_summary(report: dict, console: Any) -> None:
         table.add_column(col, justify="left" if col == "router" else "right")
     for name, s in sorted(report["singles"].items(), key=lambda kv: kv[1]["cost_usd"]):
         table.add_row(name, f"{s['accuracy']:.3f}", f"{1000 * s['cost_usd']:.4f}", f"{s['aiq']:.4f}")
-    for name in ("random", "cheapest", "best_single", "agreement_rule", "knn", "single", "oracle", "ours"):
+    names = ("random", "cheapest", "best_single", "agreement_rule", "knn", "single", "oracle")
+    for name in (*names, "planner", "plan_table", "ours"):
         r = report["routers"].get(name)
         if r is None:
             continue
@@ -125,9 +126,12 @@ def print_pool_summary(report: dict, console: Any) -> None:
             accs = [p["accuracy"] for p in r["curve"]]
             costs = [p["cost_usd"] for p in r["curve"]]
             acc, cost = f"{min(accs):.3f}–{max(accs):.3f}", f"{1000 * min(costs):.4f}–{1000 * max(costs):.4f}"
-        table.add_row(f"[bold]{name}[/]", acc, cost, f"{r['aiq']:.4f}")
+        label = f"{name} = {r['chosen']}" if r.get("chosen") else name
+        table.add_row(f"[bold]{label}[/]", acc, cost, f"{r['aiq']:.4f}")
     console.print(table)
     ours = report["routers"]["ours"]
+    if ours.get("chosen_because"):
+        console.print(f"ours is the {ours['chosen']}: {ours['chosen_because']}")
     op = ours["operating_point"]
     ratio = ours["cost_ratio_at_best_single_accuracy"]
     best = report["routers"]["best_single"]
