@@ -38,7 +38,7 @@ from gateway.errors import APIError, JSONResponse
 from gateway.schemas import ChatCompletionRequest
 from gateway.state import AppState
 from gateway.stop_sequences import StopScan, cut_completion
-from gateway.stream_fast import Feed, anthropic_events
+from gateway.stream_fast import FLUSH, Feed, anthropic_events
 
 log = logging.getLogger("polyroute.gateway")
 
@@ -350,20 +350,36 @@ class AnthropicWire(TranslatingWire):
     ) -> AsyncIterator[bytes]:
         """Anthropic's events through litellm's AnthropicStreamWrapper: message_start,
         content_block_start/delta/stop per block, message_delta (stop_reason, usage), message_stop.
-        Plain text deltas skip the wrapper (gateway/stream_fast.py): the same events, faster. Stop
-        sequences cut the chunks before the wrapper reads them; message_delta then names the one."""
+        Plain text deltas skip the wrapper (gateway/stream_fast.py): the same events, faster; the
+        events made between two reads of the worker go out in one write. Stop sequences cut the
+        chunks before the wrapper reads them; message_delta then names the one."""
         stops = StopScan(self.stops)
         feed = Feed(stops.scan(chunks) if self.stops else chunks)
         wrapper = AnthropicStreamWrapper(feed, model=worker, tool_name_mapping=self.mapping)
         wrapper._message_id = self.message_id
-        async for event in anthropic_events(wrapper, feed):
-            if event.get("type") == "message_delta":
-                if stops.matched is not None:
-                    delta = {**event["delta"], "stop_reason": "stop_sequence", "stop_sequence": stops.matched}
-                    event = {**event, "delta": delta}
-                if feed.extra:
-                    event = {**event, "polyroute": dict(feed.extra)}
-            yield sse_event(event)
+        ready: list[bytes] = []
+        try:
+            async for event in anthropic_events(wrapper, feed):
+                if event is FLUSH:
+                    if ready:
+                        yield b"".join(ready)
+                        ready.clear()
+                    continue
+                ready.append(sse_event(self._closing(event, stops, feed)))
+        except Exception:  # a worker's failure or the deadline: what was made goes out before the error
+            if ready:
+                yield b"".join(ready)
+            raise
+
+    def _closing(self, event: dict, stops: StopScan, feed: Feed) -> dict:
+        """message_delta with the stop sequence that ended the answer and what it cost."""
+        if event.get("type") == "message_delta":
+            if stops.matched is not None:
+                delta = {**event["delta"], "stop_reason": "stop_sequence", "stop_sequence": stops.matched}
+                event = {**event, "delta": delta}
+            if feed.extra:
+                event = {**event, "polyroute": dict(feed.extra)}
+        return event
 
     def error_event(self, message: str, code: str) -> bytes:
         return sse_event(error_body(APIError(502, message, type="server_error", code=code)))

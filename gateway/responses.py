@@ -464,14 +464,15 @@ class ResponsesWire(TranslatingWire):
         events = response_events(
             source(), lambda: self.envelope("in_progress", [], None, worker), self.response_object
         )
-        async for event in events:
-            if event["type"] in TERMINAL:
-                response = event["response"]
-                response["model"] = worker
-                if extra:
-                    response["polyroute"] = dict(extra)
-                await self.save(response)
-            yield self._event(event)
+        async for batch in events:  # the events one chunk gave: written at once
+            for event in batch:
+                if event["type"] in TERMINAL:
+                    response = event["response"]
+                    response["model"] = worker
+                    if extra:
+                        response["polyroute"] = dict(extra)
+                    await self.save(response)
+            yield b"".join([self._event(event) for event in batch])
 
     def error_event(self, message: str, code: str) -> bytes:
         """OpenAI's `error` event, then `response.failed`: the stream's end for clients that wait

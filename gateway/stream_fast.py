@@ -26,6 +26,10 @@ from typing import Any
 
 from litellm.types.utils import ModelResponseStream
 
+# Yielded by `drive` before it waits for the worker: the events since the last one can go out now, in
+# one write (a 5-word answer is 10 Anthropic events; written one by one they cost a send each).
+FLUSH: Any = object()
+
 # What a chunk's delta may hold and still be the hot shape (clean_chunk keeps only these keys and
 # drops None values; a role rides on the first chunk).
 PLAIN_KEYS = frozenset(("content", "role"))
@@ -76,7 +80,8 @@ async def drive(
     fast: Callable[[str, dict], list[dict] | None],
 ) -> AsyncIterator[Any]:
     """The translator's events, with `fast(text, chunk)`'s events in place of litellm's for each hot
-    chunk that arrives while `busy()` is false. `fast` may decline (None): litellm translates it."""
+    chunk that arrives while `busy()` is false. `fast` may decline (None): litellm translates it.
+    `FLUSH` comes before each wait for the worker's next chunk, and at the end."""
     while True:
         if feed.pending or busy():
             try:
@@ -85,6 +90,7 @@ async def drive(
                 return
             yield event
             continue
+        yield FLUSH
         try:
             chunk = await anext(feed.upstream)
         except StopAsyncIteration:
@@ -97,6 +103,7 @@ async def drive(
         feed.pending.append(chunk)
     async for event in translator:  # upstream ended: litellm closes the blocks and the message
         yield event
+    yield FLUSH
 
 
 # ---- Anthropic Messages: litellm's AnthropicStreamWrapper ---------------------------------------------

@@ -48,7 +48,7 @@ async def ours(chunks: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
     w = wire()
     events = response_events(replay(), lambda: w.envelope("in_progress", [], None, "w"), w.response_object)
-    return [event async for event in events]
+    return [event async for batch in events for event in batch]
 
 
 async def litellms(chunks: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -16,7 +16,7 @@ import pytest
 from litellm.llms.anthropic.pass_through.adapters.streaming_iterator import AnthropicStreamWrapper
 from litellm.types.utils import ModelResponseStream
 
-from gateway.stream_fast import Feed, anthropic_events, plain_text
+from gateway.stream_fast import FLUSH, Feed, anthropic_events, plain_text
 
 BASE = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1700000000, "model": "w"}
 
@@ -140,7 +140,9 @@ def anthropic_wrapper(source) -> AnthropicStreamWrapper:
 async def anthropic_both(chunks: list[dict[str, Any]]) -> tuple[list, list, int]:
     expected = [event async for event in anthropic_wrapper(litellm_alone(chunks))]
     feed = CountingFeed(replay(chunks))
-    got = [event async for event in anthropic_events(anthropic_wrapper(feed), feed)]
+    events = [event async for event in anthropic_events(anthropic_wrapper(feed), feed)]
+    assert events[-1] is FLUSH  # the last events go out
+    got = [event for event in events if event is not FLUSH]
     return expected, got, feed.read
 
 
@@ -152,6 +154,28 @@ def test_anthropic_events_equal_litellms_own(name):
     plain = sum(plain_text(c) is not None for c in chunks)
     if plain >= 3:  # the first text chunk opens the block through litellm; the rest skip it
         assert read < len(chunks), (read, len(chunks))
+
+
+def test_events_go_out_in_one_write_per_read_of_the_worker():
+    """FLUSH marks each wait for the worker: message_start before the first chunk, the block's start
+    with its first delta, then one batch per chunk read."""
+
+    async def batches() -> list[list[str]]:
+        feed = Feed(replay(STREAMS["text"]))
+        out: list[list[str]] = [[]]
+        async for event in anthropic_events(anthropic_wrapper(feed), feed):
+            if event is FLUSH:
+                out.append([])
+            else:
+                out[-1].append(event["type"])
+        return [batch for batch in out if batch]
+
+    got = asyncio.run(batches())
+    assert got[0] == ["message_start"]
+    assert got[1] == ["content_block_start", "content_block_delta"]
+    assert got[2:7] == [["content_block_delta"]] * 5
+    # each closing event waits for a read of the worker: the finish, the usage, the end
+    assert got[7:] == [["content_block_stop"], ["message_delta"], ["message_stop"]]
 
 
 def test_anthropic_text_then_tool_call_blocks():
