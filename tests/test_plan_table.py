@@ -143,3 +143,24 @@ def test_a_bad_weight_is_refused(learned):
     with pytest.raises(ValueError):
         table.decide(State.of(QUERY), np.zeros(3), np.ones(3), -1.0)
     assert isinstance(table, PlanTable)
+
+
+def test_a_large_pool_draws_voters_from_a_bounded_set():
+    """50 workers would make 19,600 voter sets: voters come from the 12 most accurate and best value
+    per dollar, fallbacks from everyone, and every single worker stays in the table."""
+    from router.offline.plan_table_fit import VOTER_POOL, voter_candidates
+
+    rng = np.random.default_rng(0)
+    accuracy = np.linspace(0.5, 0.9, 20)
+    cost = np.linspace(1.0, 40.0, 20)
+    cost[3] = 0.01  # a weak but nearly free worker: the best value per dollar
+    Y = (rng.random((300, 20)) < accuracy).astype(float)
+    C = np.tile(cost, (300, 1)) / 1000
+    chosen = voter_candidates(Y, C)
+    assert len(chosen) == VOTER_POOL and 3 in chosen and int(np.argmax(Y.mean(0))) in chosen
+    texts = [["ABCD"[int(j) % 4] if Y[i, j] else "D" for j in range(20)] for i in range(300)]
+    book = AnswerBook([QUERY] * 300, texts)
+    table = fit_plan_table(book, Y, C, [f"w{j}" for j in range(20)])
+    plans = table.clusters["choice-3+"]
+    assert {plans.fallback[p] for p in range(len(plans)) if not plans.voters[p]} == set(range(20))
+    assert all(set(v) <= set(chosen) for v in plans.voters)

@@ -23,39 +23,76 @@ from router.plan_table import ANY, PlanSet, PlanTable, cluster_of
 
 MIN_CLUSTER = 40  # training questions a cluster needs for a table of its own (else it uses ANY's)
 MAX_VOTERS = 3
+# Voters are drawn from at most this many workers (the most accurate and the best value per dollar
+# on the cluster): 12 give 286 voter sets; 50 workers would give 19,600, for little more.
+VOTER_POOL = 12
+
+
+def voter_candidates(Y: np.ndarray, C: np.ndarray) -> list[int]:
+    """The workers voters are drawn from: half the most accurate, half the most accurate per dollar."""
+    k = Y.shape[1]
+    if k <= VOTER_POOL:
+        return list(range(k))
+    accuracy, cost = Y.mean(0), C.mean(0)
+    value = accuracy / np.maximum(cost, 1e-12)
+    chosen: list[int] = []
+    for ranking in (np.argsort(-accuracy), np.argsort(-value)):
+        for j in ranking[: VOTER_POOL // 2]:
+            if int(j) not in chosen:
+                chosen.append(int(j))
+    for j in np.argsort(-accuracy):  # fill up if the two rankings overlapped
+        if len(chosen) >= VOTER_POOL:
+            break
+        if int(j) not in chosen:
+            chosen.append(int(j))
+    return sorted(chosen)
 
 
 class _Scored:
-    """Every plan's outcome per question of some rows: ``correct``/``cost`` are [plans, rows]."""
+    """Every plan's summed outcome per fold over some rows: ``correct``/``cost``/``agreed`` are
+    [plans, folds] sums and ``counts`` [folds] (sums, not per-row matrices: 12 voter candidates and
+    50 fallbacks over thousands of questions would not fit in memory per row)."""
 
-    def __init__(self, book: AnswerBook, rows: np.ndarray, labels: np.ndarray, costs: np.ndarray) -> None:
+    def __init__(
+        self,
+        book: AnswerBook,
+        rows: np.ndarray,
+        labels: np.ndarray,
+        costs: np.ndarray,
+        fold: np.ndarray,
+        n_folds: int,
+    ) -> None:
         k = labels.shape[1]
         Y, C = np.nan_to_num(labels[rows]), np.nan_to_num(costs[rows])
-        sets = [s for size in range(2, MAX_VOTERS + 1) for s in itertools.combinations(range(k), size)]
-        agree = np.zeros((len(sets), len(rows)))
-        for r, i in enumerate(rows):
-            for s, voters in enumerate(sets):
-                keys = book.read(int(i), list(voters)).keys
-                agree[s, r] = keys[0] is not None and all(key == keys[0] for key in keys[1:])
+        F = np.zeros((len(rows), n_folds))
+        F[np.arange(len(rows)), fold] = 1.0  # row -> its fold, for per-fold sums by matrix product
+        candidates = voter_candidates(Y, C)
+        sets = [s for size in range(2, MAX_VOTERS + 1) for s in itertools.combinations(candidates, size)]
         voters: list[tuple[int, ...]] = [()] * k
         fallback = list(range(k))
-        correct, cost, agreed = [Y.T], [C.T], [np.ones((k, len(rows)))]
-        for s, members in enumerate(sets):
+        correct, cost, agreed = [Y.T @ F], [C.T @ F], [np.tile(F.sum(0), (k, 1))]
+        for members in sets:
+            a = np.array([_agree(book.read(int(i), list(members)).keys) for i in rows], dtype=float)
             others = [f for f in range(k) if f not in members]
             voters += [members] * len(others)
             fallback += others
-            a = agree[s]
-            correct.append(a * Y[:, members[0]] + (1 - a) * Y[:, others].T)
-            cost.append(C[:, list(members)].sum(1) + (1 - a) * C[:, others].T)
-            agreed.append(np.broadcast_to(a, (len(others), len(rows))))
+            base = (a * Y[:, members[0]]) @ F  # [folds]: the voters' answer where they agree
+            correct.append(base + ((1 - a)[:, None] * Y[:, others]).T @ F)
+            spent = C[:, list(members)].sum(1) @ F
+            cost.append(spent + ((1 - a)[:, None] * C[:, others]).T @ F)
+            agreed.append(np.tile(a @ F, (len(others), 1)))
         self.voters, self.fallback = voters, fallback
-        self.correct, self.cost = np.vstack(correct), np.vstack(cost)
-        self.agreed = np.vstack(agreed)
+        self.correct, self.cost, self.agreed = np.vstack(correct), np.vstack(cost), np.vstack(agreed)
+        self.counts = F.sum(0)
 
-    def plan_set(self, columns: np.ndarray, workers: int) -> PlanSet:
-        """The frontier (and every single worker) measured on ``columns`` of these rows."""
-        accuracy = self.correct[:, columns].mean(1)
-        cost = self.cost[:, columns].mean(1)
+    def plan_set(self, exclude: int | None, workers: int) -> PlanSet:
+        """The frontier (and every single worker), measured without fold ``exclude`` (None: all)."""
+        keep_folds = np.ones(len(self.counts), dtype=bool)
+        if exclude is not None:
+            keep_folds[exclude] = False
+        n = float(self.counts[keep_folds].sum())
+        accuracy = self.correct[:, keep_folds].sum(1) / n
+        cost = self.cost[:, keep_folds].sum(1) / n
         order = np.lexsort((-accuracy, cost))  # cheapest first, then most accurate
         keep, best = [], -np.inf
         for p in order:
@@ -67,9 +104,13 @@ class _Scored:
             [self.voters[p] for p in keep],
             [self.fallback[p] for p in keep],
             accuracy[keep],
-            self.agreed[keep][:, columns].mean(1),
-            int(len(columns)),
+            self.agreed[keep][:, keep_folds].sum(1) / n,
+            int(n),
         )
+
+
+def _agree(keys: Sequence[str | None]) -> bool:
+    return keys[0] is not None and all(key == keys[0] for key in keys[1:])
 
 
 def clusters_of(book: AnswerBook) -> np.ndarray:
@@ -118,13 +159,12 @@ def cross_fit_tables(
         if name != ANY and len(members) < MIN_CLUSTER:
             continue
         say(f"plan table: scoring every plan on {len(members)} '{name}' questions")
-        scored[name] = (_Scored(book, members, labels, costs), members)
+        scored[name] = _Scored(book, members, labels, costs, fold_of[members], max(k, 1))
     tables = []
     for f in range(k):
-        clusters = {}
-        for name, (plans, members) in scored.items():
-            columns = np.flatnonzero(fold_of[members] != f) if k > 1 else np.arange(len(members))
-            clusters[name] = plans.plan_set(columns, len(workers))
+        clusters = {
+            name: plans.plan_set(f if k > 1 else None, len(workers)) for name, plans in scored.items()
+        }
         card = {
             "strategy": "plan_table",
             "clusters": {name: {"questions": s.questions, "plans": len(s)} for name, s in clusters.items()},
