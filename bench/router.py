@@ -205,6 +205,7 @@ def planner_rows(runs: int) -> list[dict]:
     from router.decide import Estimate, choose
     from router.evidence import read_answers
     from router.offline.book import AnswerBook
+    from router.offline.plan_table_fit import fit_plan_table
     from router.offline.planner_fit import Recorded, fit_planner
     from router.planner import State
 
@@ -233,28 +234,33 @@ def planner_rows(runs: int) -> list[dict]:
             choose(estimates, 0.5)
             baseline.append(1000 * (time.perf_counter() - started))
         base_p50, _ = _percentiles(baseline)
-        for held in range(4):
-            called = tuple(int(k) for k in rng.choice(n_workers, size=held, replace=False))
-            texts = ["ABCD"[k % 4] for k in called]
-            samples = []
-            for _ in range(runs):
-                started = time.perf_counter()
-                read = read_answers(MC_QUERY, texts)
-                state = State.of(MC_QUERY, called, read if held else None)
-                planner.decide(state, log_odds, costs, 0.1)
-                samples.append(1000 * (time.perf_counter() - started))
-            p50, p99 = _percentiles(samples)
-            rows.append(
-                {
-                    "workers": n_workers,
-                    "answers_held": held,
-                    "step_p50_ms": round(p50, 3),
-                    "step_p99_ms": round(p99, 3),
-                    "fast_decision_p50_ms": round(base_p50, 3),
-                    "ratio_to_fast_decision": round(p50 / base_p50, 1),
-                }
-            )
-            print(rows[-1], flush=True)
+        table = fit_plan_table(
+            book, np.array(labels), np.tile(costs, (len(answers), 1)), [f"w{k}" for k in range(n_workers)]
+        )
+        for strategy, deciding in (("planner", planner), ("plan_table", table)):
+            for held in range(4):
+                called = tuple(int(k) for k in rng.choice(n_workers, size=held, replace=False))
+                texts = ["ABCD"[k % 4] for k in called]
+                samples = []
+                for _ in range(runs):
+                    started = time.perf_counter()
+                    read = read_answers(MC_QUERY, texts)
+                    state = State.of(MC_QUERY, called, read if held else None)
+                    deciding.decide(state, log_odds, costs, 0.1)
+                    samples.append(1000 * (time.perf_counter() - started))
+                p50, p99 = _percentiles(samples)
+                rows.append(
+                    {
+                        "strategy": strategy,
+                        "workers": n_workers,
+                        "answers_held": held,
+                        "step_p50_ms": round(p50, 3),
+                        "step_p99_ms": round(p99, 3),
+                        "fast_decision_p50_ms": round(base_p50, 3),
+                        "ratio_to_fast_decision": round(p50 / base_p50, 1),
+                    }
+                )
+                print(rows[-1], flush=True)
     samples = []
     for _ in range(max(5, runs // 20)):
         started = time.perf_counter()
@@ -266,10 +272,11 @@ def planner_rows(runs: int) -> list[dict]:
     )
     print(rows[-1], flush=True)
     table = Table(title="cascade planner: own time per step (ms), worker calls excluded")
-    for column in ("workers", "answers held", "p50", "p99", "fast decision p50", "ratio"):
+    for column in ("strategy", "workers", "answers held", "p50", "p99", "fast decision p50", "ratio"):
         table.add_column(column, justify="right")
     for r in rows[:-1]:
         table.add_row(
+            r["strategy"],
             str(r["workers"]),
             str(r["answers_held"]),
             f"{r['step_p50_ms']:.3f}",
