@@ -6,11 +6,10 @@ translated into the internal chat-completions request by litellm's own bridge
 (`LiteLLMCompletionResponsesConfig.transform_responses_api_request_to_chat_completion_request`),
 then served by `completions.serve`: keys, rate limits, memory, data class and policy, routing (auto,
 aliases, pinned workers, workflows), budgets with reservation, fallback, ledger, metrics and headers
-are those of chat completions, not copies. Answers go back through litellm's bridge too
-(`transform_chat_completion_response_to_responses_api_response`), used as a pure translator: no
-litellm call is made from here. The typed stream events are written by gateway/responses_stream.py
-(litellm's streaming iterator cost more than the rest of the endpoint; see that module), ending with
-the response object the bridge writes for a plain answer.
+are those of chat completions, not copies. Answers are written by gateway/responses_output.py
+(the bridge's mapping, without its pydantic round trip) and streams by gateway/responses_stream.py
+(litellm's streaming iterator cost more than the rest of the endpoint); see those modules. No
+litellm call is made from here.
 
 What litellm lacked, written here: the request's validation; a response store (litellm's bridge
 keeps sessions in its proxy's spend-log database, which polyroute does not have); response ids,
@@ -31,7 +30,6 @@ import orjson
 from litellm.responses.litellm_completion_transformation.transformation import (
     LiteLLMCompletionResponsesConfig as Bridge,
 )
-from litellm.types.utils import ModelResponse
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
 from starlette.background import BackgroundTask
 from starlette.requests import Request
@@ -41,6 +39,7 @@ from gateway import ratelimits
 from gateway.body import heavy_if, is_large, read_json_object, validate
 from gateway.completions import EventStream, TranslatingWire, serve, store_reply_error
 from gateway.errors import APIError, JSONResponse, error_response
+from gateway.responses_output import output_of
 from gateway.responses_stream import response_events
 from gateway.schemas import ChatCompletionRequest
 from gateway.state import AppState
@@ -257,34 +256,6 @@ def translate(
 
 
 # ---- the answer, written in the Responses API's shape -----------------------------------------------
-def usage_object(usage: dict[str, Any] | None) -> dict[str, Any]:
-    usage = usage or {}
-    details = usage.get("input_tokens_details") or {}
-    output_details = usage.get("output_tokens_details") or {}
-    prompt = int(usage.get("input_tokens") or 0)
-    completion = int(usage.get("output_tokens") or 0)
-    return {
-        "input_tokens": prompt,
-        "input_tokens_details": {"cached_tokens": int(details.get("cached_tokens") or 0)},
-        "output_tokens": completion,
-        "output_tokens_details": {"reasoning_tokens": int(output_details.get("reasoning_tokens") or 0)},
-        "total_tokens": int(usage.get("total_tokens") or prompt + completion),
-    }
-
-
-def clean_item(item: dict[str, Any]) -> dict[str, Any]:
-    """An output item as OpenAI writes one (litellm's carry None-valued fields of other item kinds)."""
-    item = {k: v for k, v in item.items() if v is not None}
-    if item.get("type") == "message":
-        item["content"] = [
-            {**part, "annotations": part.get("annotations") or [], "logprobs": part.get("logprobs") or []}
-            if part.get("type") == "output_text"
-            else part
-            for part in item.get("content") or []
-        ]
-    return item
-
-
 class StoredAnswer(JSONResponse):
     """A JSON answer that is stored before its first byte is sent, so a client that continues the
     conversation at once (previous_response_id) always finds it."""
@@ -380,29 +351,12 @@ class ResponsesWire(TranslatingWire):
             **({"polyroute": extra["polyroute"]} if extra.get("polyroute") else {}),
         }
 
-    def translated(self, response) -> dict:
-        """litellm's ResponsesAPIResponse (from a chat completion) under this request's envelope."""
-        data = response.model_dump(mode="json")
-        usage = data.get("usage")
-        return self.envelope(
-            data.get("status") or "completed",
-            [clean_item(item) for item in data.get("output") or []],
-            usage_object(usage) if usage is not None else None,
-            data.get("model") or "",
-            incomplete_details=data.get("incomplete_details"),
-        )
-
     def response_object(self, body: dict) -> dict:
-        """A chat completion (the worker's, or a cached or composed one) as a response object."""
-        extra = body.get("polyroute")
-        plain = {k: v for k, v in body.items() if k != "polyroute"}
-        answer = Bridge.transform_chat_completion_response_to_responses_api_response(
-            request_input=self.items,  # type: ignore[arg-type]
-            responses_api_request=self.params,  # type: ignore[arg-type]
-            chat_completion_response=ModelResponse(**plain),
-        )
-        response = self.translated(answer)
-        if extra:
+        """A chat completion (the worker's, or a cached or composed one) as a response object
+        (gateway/responses_output.py)."""
+        status, details, output, usage = output_of(body)
+        response = self.envelope(status, output, usage, body.get("model") or "", incomplete_details=details)
+        if extra := body.get("polyroute"):
             response["polyroute"] = extra
         return response
 
