@@ -121,13 +121,18 @@ class PlanTable:
             rounds = 1.0 + (disagree if voters else 0.0)
             utility = float(plans.accuracy[p]) - cost_weight * (spent / top if top > 0 else 0.0)
             utility -= latency_weight * rounds
-            if utility > best_utility:
+            if np.isfinite(utility) and utility > best_utility:
                 best, best_utility = (tuple(voters), fallback, p), utility
-        if best is None:  # no plan fits the admissible pool: return the best answer held, if any
-            if not called:
-                return Decision((), None, "stop: no plan of the table fits the admissible pool")
-            pick = max(range(len(called)), key=lambda j: float(log_odds[called[j]]))
-            return Decision((), pick, "stop: no plan of the table fits the admissible pool")
+        if best is None:  # no plan fits the admissible pool (workers the table never saw)
+            if called:  # return the answer of the best prior held
+                pick = max(range(len(called)), key=lambda j: float(log_odds[called[j]]))
+                return Decision((), pick, "stop: no plan of the table fits the admissible pool")
+            open_ = sorted(usable)
+            if not open_:
+                return Decision((), None, "stop: no admissible worker")
+            price = costs / top if top > 0 else np.zeros_like(costs)
+            k = max(open_, key=lambda j: float(log_odds[j]) - cost_weight * float(price[j]))
+            return Decision((k,), None, "no plan of the table fits the admissible pool: the best prior")
         voters, fallback, p = best
         label = self._label(voters, fallback, names)
         missing = [k for k in voters if k not in called] if voters else []

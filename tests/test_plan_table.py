@@ -104,11 +104,15 @@ def test_a_live_pool_places_plans_by_name_and_skips_what_it_lacks(learned):
         State.of(QUERY), np.zeros(4), predicted, 0.2, names=names, allowed=[False, True, True, True]
     )
     assert 0 not in no_frontier.call and no_frontier.call
-    # nothing of the table admissible: stop, naming why
-    none = table.decide(
-        State.of(QUERY), np.zeros(4), predicted, 0.2, names=names, allowed=[False, True, False, False]
-    )
-    assert none.call == () and none.answer is None and "no plan" in none.reason
+    # nothing of the table admissible: the admissible worker with the best prior, then its answer
+    only_other = [False, True, False, False]
+    fallback = table.decide(State.of(QUERY), np.zeros(4), predicted, 0.2, names=names, allowed=only_other)
+    assert fallback.call == (1,) and "no plan" in fallback.reason
+    held = State.of(QUERY, (1,), read_answers(QUERY, ["B"]))
+    stop = table.decide(held, np.zeros(4), predicted, 0.2, names=names, allowed=[False] * 4)
+    assert stop.call == () and stop.answer == 0
+    nothing = table.decide(State.of(QUERY), np.zeros(4), predicted, 0.2, names=names, allowed=[False] * 4)
+    assert nothing.call == () and nothing.answer is None and "no admissible worker" in nothing.reason
 
 
 def test_a_failed_voter_changes_the_plan_instead_of_waiting_for_it(learned):
@@ -128,6 +132,12 @@ def test_the_replay_plays_a_disagreement_to_the_fallback(learned):
     agreeing = AnswerBook([QUERY], [["B", "B", "D"]])
     called, answer, rounds = play(table, agreeing, 0, np.zeros(3), np.array([1.0, 1.0, 20.0]), 0.2)
     assert called == [0, 1] and answer == 0 and rounds == 1
+
+
+def test_no_training_questions_is_a_clear_error():
+    book, _, labels, costs = synthetic(10, seed=5)
+    with pytest.raises(ValueError, match="needs training questions"):
+        fit_plan_table(book, labels, costs, ["a", "b", "c"], rows=[])
 
 
 def test_cross_fitted_tables_leave_each_fold_out():

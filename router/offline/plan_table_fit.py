@@ -85,12 +85,15 @@ class _Scored:
         self.correct, self.cost, self.agreed = np.vstack(correct), np.vstack(cost), np.vstack(agreed)
         self.counts = F.sum(0)
 
-    def plan_set(self, exclude: int | None, workers: int) -> PlanSet:
-        """The frontier (and every single worker), measured without fold ``exclude`` (None: all)."""
+    def plan_set(self, exclude: int | None, workers: int) -> PlanSet | None:
+        """The frontier (and every single worker), measured without fold ``exclude`` (None: all);
+        None when no question is left to measure it on."""
         keep_folds = np.ones(len(self.counts), dtype=bool)
         if exclude is not None:
             keep_folds[exclude] = False
         n = float(self.counts[keep_folds].sum())
+        if n == 0:
+            return None
         accuracy = self.correct[:, keep_folds].sum(1) / n
         cost = self.cost[:, keep_folds].sum(1) / n
         order = np.lexsort((-accuracy, cost))  # cheapest first, then most accurate
@@ -147,6 +150,8 @@ def cross_fit_tables(
     """``k`` tables, the f-th fitted without fold f, and each row's fold (k = 1: one table on all)."""
     say = progress or (lambda _: None)
     rows = np.arange(len(book)) if rows is None else np.asarray(list(rows))
+    if len(rows) == 0:
+        raise ValueError("a plan table needs training questions with every worker's label and cost")
     fold_of = np.zeros(len(book), dtype=int)
     if k > 1:
         for f, part in enumerate(folds(len(rows), k, seed + 11)):
@@ -162,9 +167,10 @@ def cross_fit_tables(
         scored[name] = _Scored(book, members, labels, costs, fold_of[members], max(k, 1))
     tables = []
     for f in range(k):
-        clusters = {
+        measured = {
             name: plans.plan_set(f if k > 1 else None, len(workers)) for name, plans in scored.items()
         }
+        clusters = {name: plan_set for name, plan_set in measured.items() if plan_set is not None}
         card = {
             "strategy": "plan_table",
             "clusters": {name: {"questions": s.questions, "plans": len(s)} for name, s in clusters.items()},
