@@ -309,14 +309,16 @@ class AnthropicWire(TranslatingWire):
         self.mapping: dict[str, str] = {}
         self.ignored: list[str] = []
         self.message_id = "msg_" + uuid.uuid4().hex
-        self.stops: list[str] = []  # stop_sequences: applied here, not sent (gateway/stop_sequences.py)
+        self.stops: list[str] = []  # stop_sequences, cut here too (gateway/stop_sequences.py)
 
     async def read(self, request: Request, state: AppState) -> ChatCompletionRequest:
         data = await read_json_object(request, state.settings.max_body_bytes)
         body = await heavy_if(is_large(request), validate, MessagesRequest, data)
         chat, self.mapping, self.ignored = await heavy_if(is_large(request), translate, body)
         self.stops = [s for s in body.stop_sequences or () if s]
-        chat.pop("stop", None)
+        if state.settings.messages_stop_sequences == "gateway":
+            chat.pop("stop", None)  # kept here: cut and named by the gateway (gateway/stop_sequences.py)
+        # "forward": the worker gets them as `stop`; the cut here still catches a worker that ignores them
         return await heavy_if(is_large(request), validate, ChatCompletionRequest, chat)
 
     def policy_texts(self) -> tuple[str, ...]:

@@ -1,12 +1,17 @@
-"""Anthropic stop sequences, applied by the gateway: the answer ends before the first one the worker
+"""Anthropic stop sequences applied by the gateway: the answer ends before the first one the worker
 writes, and says which (stop_reason "stop_sequence", stop_sequence the string), as Anthropic does.
 
-Why not forward them as OpenAI's `stop`: a worker that honours `stop` ends with finish_reason "stop"
-and leaves the sequence out, exactly as it does when it simply finishes, so which sequence stopped it
-(or whether one did) is lost; OpenAI's wire has no field for it, and litellm drops the ones vLLM and
-Anthropic send (vLLM's `stop_reason` in a stream, Anthropic's `stop_sequence`). So the Messages
-endpoint keeps the sequences and cuts the text itself; the worker writes on to its own end, and what
-it wrote is billed (within the request's max_tokens, as reserved). See docs/anthropic.md.
+Two modes (`POLYROUTE_MESSAGES_STOP_SEQUENCES`, docs/anthropic.md):
+
+* ``forward`` (default): the sequences go to the worker as OpenAI's `stop`, so it stops there and
+  nothing past them is generated or billed (what an agent that stops on "Observation:" needs). A
+  worker that honours `stop` ends with finish_reason "stop" and leaves the sequence out, exactly as
+  when it simply finishes, so that answer reads end_turn: OpenAI's wire cannot say which sequence
+  stopped it, and litellm drops the ones vLLM and Anthropic send. The cut here still applies, for a
+  worker that ignores `stop`: then the answer names the sequence.
+* ``gateway``: the sequences are kept here; the worker writes on to its own end (billed, within the
+  request's max_tokens, as reserved) and the gateway cuts the text and names the sequence: Anthropic's
+  semantics exactly, at that cost.
 """
 
 from __future__ import annotations

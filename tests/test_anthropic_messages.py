@@ -96,8 +96,8 @@ def test_system_prompt_string_and_blocks(agw, upstream):
     system = second["messages"][0]
     assert system["role"] == "system"
     assert [p["text"] for p in system["content"]] == ["Answer in French.", "Be brief."]
-    # stop_sequences are applied by the gateway, not sent (tests/test_anthropic_stop_documents.py)
-    assert second["temperature"] == 0.2 and "stop" not in second
+    # stop_sequences are forwarded as `stop` by default (tests/test_anthropic_stop_documents.py)
+    assert second["temperature"] == 0.2 and second["stop"] == ["END"]
 
 
 def test_pinned_worker_and_alias_free_model_names(agw, upstream):

@@ -33,7 +33,12 @@ def sgw(upstream, tmp_path_factory):
     data_dir = tmp_path_factory.mktemp("stops-docs-gw")
     policy_file = data_dir / "policy.yaml"
     policy_file.write_text(yaml.safe_dump(POLICY))
-    gw = start_gateway(parse_catalog(catalog_yaml_for(upstream.url)), data_dir, policy_file=policy_file)
+    gw = start_gateway(
+        parse_catalog(catalog_yaml_for(upstream.url)),
+        data_dir,
+        policy_file=policy_file,
+        messages_stop_sequences="gateway",  # Anthropic's semantics exactly; "forward" is tested below
+    )
     yield gw
     gw.server.stop()
 
@@ -225,3 +230,39 @@ def test_count_tokens_counts_a_plain_text_document(sgw):
 
     ask = {"type": "text", "text": "Summarise it."}
     assert count([text_document("word " * 200), ask]) > count([ask]) + 150
+
+
+# ---- the default mode: forwarded to the worker --------------------------------------------------------
+@pytest.fixture(scope="module")
+def fgw(upstream, tmp_path_factory):
+    gw = start_gateway(parse_catalog(catalog_yaml_for(upstream.url)), tmp_path_factory.mktemp("stops-fwd"))
+    assert gw.state.settings.messages_stop_sequences == "forward"
+    yield gw
+    gw.server.stop()
+
+
+def test_forwarded_sequences_stop_the_worker_and_nothing_past_them_is_billed(fgw, upstream):
+    """The worker honours `stop`: it writes (and bills) only up to the sequence; OpenAI's wire cannot
+    say a sequence stopped it, so the answer reads end_turn."""
+    upstream.behave("cheap-model", text=ANSWER)
+    message = client(fgw).messages.create(model="cheap", max_tokens=64, messages=ASK, stop_sequences=["END"])
+    assert upstream.requests_for("cheap-model")[0]["stop"] == ["END"]
+    assert message.content[0].text == "The answer is 42. "
+    assert message.stop_reason == "end_turn" and message.stop_sequence is None
+    assert message.usage.output_tokens == len("The answer is 42. ".split())
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_worker_that_ignores_forwarded_sequences_is_cut_by_the_gateway(fgw, upstream, stream):
+    upstream.behave("cheap-model", text=ANSWER, ignore_stop=True)
+    sdk = client(fgw)
+    if stream:
+        with sdk.messages.stream(
+            model="cheap", max_tokens=64, messages=ASK, stop_sequences=["END"]
+        ) as events:
+            message = events.get_final_message()
+    else:
+        message = sdk.messages.create(model="cheap", max_tokens=64, messages=ASK, stop_sequences=["END"])
+    assert upstream.requests_for("cheap-model")[0]["stop"] == ["END"]
+    assert message.content[0].text == "The answer is 42. "
+    assert message.stop_reason == "stop_sequence" and message.stop_sequence == "END"

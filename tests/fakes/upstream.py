@@ -56,6 +56,7 @@ class Behaviour:
     stream_usage: bool = True  # False: ignore stream_options.include_usage, as llama.cpp's server does
     context_window: int | None = None  # prompt words + max_tokens above this: OpenAI's (and llama.cpp's) 400
     finish_reason: str | None = None  # e.g. "length" (cut at max_tokens); None: "stop" or "tool_calls"
+    ignore_stop: bool = False  # True: write past OpenAI's `stop` sequences, as some local servers do
     embedding_dimensions: int = 8  # /v1/embeddings: the vector size when the request sets no `dimensions`
     calls: int = field(default=0, repr=False)
 
@@ -235,7 +236,7 @@ class FakeUpstream:
             if needle in _last_user_text(body):
                 text = reply
                 break
-        text, stopped = _cut_at_stop(text, body.get("stop"))
+        text, stopped = _cut_at_stop(text, None if behaviour.ignore_stop else body.get("stop"))
         prompt_tokens = behaviour.prompt_tokens or _prompt_word_count(body)
         completion_tokens = behaviour.completion_tokens or len(text.split()) or 1
         usage = {
