@@ -87,13 +87,18 @@ def two_voters(rounds) -> bool:
     return len(rounds) >= 1 and len(rounds[0]) == 2
 
 
-def test_voters_are_asked_together_and_the_fallback_settles_a_disagreement(gw, upstream):
-    texts = {"cheap": "A", "mid": "B", "pricey": "C"}
+def run_plan(gw: Gateway, upstream, texts: dict[str, str]):
+    """Ask at the first λ where the table asks two voters; (the answer, its rounds, the oracle's)."""
     cost_weight, expected = pick(gw, texts, two_voters)
     behave_all(upstream, texts)
     answer = ask(gw, cost_weight=cost_weight)
     assert answer.status_code == 200, answer.text
-    rounds = header_steps(answer)
+    return answer, header_steps(answer), expected
+
+
+def test_voters_are_asked_together_and_the_fallback_settles_a_disagreement(gw, upstream):
+    texts = {"cheap": "A", "mid": "B", "pricey": "C"}
+    answer, rounds, expected = run_plan(gw, upstream, texts)
     assert rounds == expected and len(rounds) == 2 and len(rounds[0]) == 2
     fallback = rounds[1][0]
     assert answer.headers["x-polyroute-worker"] == fallback
@@ -104,12 +109,7 @@ def test_voters_are_asked_together_and_the_fallback_settles_a_disagreement(gw, u
 
 
 def test_agreeing_voters_end_the_plan_in_one_round(gw, upstream):
-    texts = dict.fromkeys(WORKERS, "B")
-    cost_weight, expected = pick(gw, texts, two_voters)
-    behave_all(upstream, texts)
-    answer = ask(gw, cost_weight=cost_weight)
-    assert answer.status_code == 200, answer.text
-    rounds = header_steps(answer)
+    answer, rounds, expected = run_plan(gw, upstream, dict.fromkeys(WORKERS, "B"))
     assert rounds == expected and len(rounds) == 1 and len(rounds[0]) == 2
     assert answer.headers["x-polyroute-worker"] in rounds[0]
     assert answer.json()["choices"][0]["message"]["content"] == "B"

@@ -244,10 +244,10 @@ def evaluate_cascade(
 
     say("test: replaying the test files")
     test_log_odds = logit(np.nan_to_num(quality, nan=0.5))
-    replay_started = time.perf_counter()
-    runs = {
-        "planner": replay(
-            lambda i: planners.final,
+
+    def on_test(strategy: Any) -> Replay:
+        return replay(
+            lambda i: strategy,
             book_test,
             range(len(test)),
             test_log_odds,
@@ -256,22 +256,12 @@ def evaluate_cascade(
             test.labels,
             lambdas,
         )
-    }
-    per_query_ms = (
-        1000
-        * (time.perf_counter() - replay_started)
-        / max(1, runs["planner"].rounds.sum() + runs["planner"].rounds.size)
-    )
-    runs["plan_table"] = replay(
-        lambda i: table,
-        book_test,
-        range(len(test)),
-        test_log_odds,
-        predicted_cost,
-        data.test_costs,
-        test.labels,
-        lambdas,
-    )
+
+    replay_started = time.perf_counter()
+    runs = {"planner": on_test(planners.final)}
+    planner_steps = runs["planner"].rounds.sum() + runs["planner"].rounds.size
+    per_query_ms = 1000 * (time.perf_counter() - replay_started) / max(1, planner_steps)
+    runs["plan_table"] = on_test(table)
     points = {name: _operating(helds[name], target, budget) for name in runs}
     for name, run in runs.items():
         at, how = points[name]
