@@ -1,7 +1,7 @@
 """Streamed tool calls through /v1/messages and /v1/responses, read by the real `anthropic` and `openai`
 SDKs: a tool call alone, its arguments in pieces (OpenAI's way of streaming them), and a stream that
-mixes text and a tool call (the text block goes through gateway/stream_fast.py's fast path, the tool
-call through litellm's translator). The SDKs' own accumulators must rebuild the same message.
+mixes text and a tool call (both written by our own translators: gateway/anthropic_stream.py and
+gateway/responses_stream.py). The SDKs' own accumulators must rebuild the same message.
 """
 
 from __future__ import annotations
