@@ -30,7 +30,7 @@ from starlette.background import BackgroundTask
 from starlette.requests import Request
 from starlette.responses import Response
 
-from gateway import compose, ratelimits
+from gateway import compose, ratelimits, tracing
 from gateway.anthropic_stream import AnthropicStream, event_batches
 from gateway.body import heavy_if, is_large, read_json_object, validate
 from gateway.completions import AUTO, EventStream, TranslatingWire, serve
@@ -380,6 +380,7 @@ async def messages(request: Request) -> Response:
         return error_response(APIError(500, "internal error in the gateway", type="server_error"))
 
 
+@tracing.traced  # a SERVER span like every endpoint's (nothing when tracing is off)
 async def count_tokens(request: Request) -> Response:
     """POST /v1/messages/count_tokens: {"input_tokens": N}. Counted with litellm's token counter for
     the named worker's model; for auto, an alias or a workflow (the worker is not chosen yet), with

@@ -10,7 +10,7 @@ from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from starlette.responses import Response
 
-from gateway import anthropic, responses
+from gateway import anthropic, responses, tracing
 from gateway.body import heavy_if, is_large, read_body, read_model
 from gateway.collections import router as collections_router
 from gateway.completions import chat_completions
@@ -82,6 +82,7 @@ def local_card(worker: Worker) -> dict:
 
 
 @router.get("/v1/models")
+@tracing.traced
 async def list_models(request: Request) -> JSONResponse:
     state = _state(request)
     await state.auth.client(request)

@@ -233,9 +233,13 @@ def traced(endpoint):
         try:
             response = await endpoint(request, *args, **kwargs)
         except BaseException as exc:
-            span.record_exception(exc)
-            span.set_status(Status(StatusCode.ERROR, type(exc).__name__))
-            span.set_attribute("error.type", type(exc).__name__)
+            status = getattr(exc, "status", None)  # an APIError: the handler renders it with this status
+            if isinstance(status, int):  # marked as a returned error response is
+                handle.error(status, getattr(exc, "code", None) or str(status))
+            else:
+                span.record_exception(exc)
+                span.set_status(Status(StatusCode.ERROR, type(exc).__name__))
+                span.set_attribute("error.type", type(exc).__name__)
             span.end()
             raise
         finally:

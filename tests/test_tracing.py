@@ -297,6 +297,37 @@ def test_an_anthropic_messages_request_is_traced_the_same_way(tgw, upstream, exp
     assert call.attributes["gen_ai.request.max_tokens"] == 16
 
 
+def server_span(exporter, name: str):
+    """The SERVER span called ``name``, once it has ended."""
+    deadline = time.monotonic() + MAX_WAIT_S
+    while True:
+        found = [s for s in exporter.get_finished_spans() if s.kind == SpanKind.SERVER and s.name == name]
+        if found:
+            return found[-1]
+        assert time.monotonic() < deadline, f"no span {name!r}"
+        time.sleep(0.02)
+
+
+def test_count_tokens_and_the_model_list_have_their_request_spans(tgw, upstream, exporter):
+    counted = httpx.post(
+        tgw.url + "/v1/messages/count_tokens",
+        headers={"x-api-key": tgw.api_key, "anthropic-version": "2023-06-01"},
+        json={"model": "cheap", "messages": [{"role": "user", "content": QUESTION}]},
+        timeout=60,
+    )
+    assert counted.status_code == 200, counted.text
+    span = server_span(exporter, "POST /v1/messages/count_tokens")
+    assert span.attributes["http.response.status_code"] == 200
+    models = httpx.get(tgw.v1 + "/models", headers=tgw.auth(), timeout=60)
+    assert models.status_code == 200
+    assert server_span(exporter, "GET /v1/models").attributes["http.response.status_code"] == 200
+    refused = httpx.get(tgw.v1 + "/models", headers={"authorization": "Bearer nope"}, timeout=60)
+    assert refused.status_code == 401
+    failed = [s for s in exporter.get_finished_spans() if s.name == "GET /v1/models"][-1]
+    assert failed.attributes["http.response.status_code"] == 401
+    assert not upstream.requests_for("cheap-model")  # neither reaches a worker
+
+
 def test_a_responses_api_request_is_traced_the_same_way(tgw, upstream, exporter):
     upstream.behave("cheap-model", text="hello there")
     response = httpx.post(
