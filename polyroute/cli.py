@@ -561,7 +561,9 @@ def _train_cascade(
             console.print(f"[red]unknown dataset {dataset!r}[/] (known: routellm)")
             raise typer.Exit(2)
         ds = dataclasses.replace(ds, workers=[renames.get(w, w) for w in ds.workers])
-        console.print(f"training the planner on {len(ds)} queries × {len(ds.workers)} workers")
+        console.print(
+            f"training the planner and the plan table on {len(ds)} queries × {len(ds.workers)} workers"
+        )
         say = stage_printer(console)
         artifact = train_cascade(
             ds,
@@ -576,7 +578,8 @@ def _train_cascade(
         raise typer.Exit(1) from None
     directory = save_artifact(_router_dir(router_dir, data_dir), artifact, activate=activate)
     console.print(
-        f"[green]saved[/] router {artifact.version} (prior {artifact.card.get('model')} + cascade planner) in "
+        f"[green]saved[/] router {artifact.version} (prior {artifact.card.get('model')} + "
+        f"{artifact.card.get('cascade', {}).get('strategy', 'planner').replace('_', ' ')}) in "
         f"{directory}" + (" — now in force" if activate else " — not activated")
     )
 
