@@ -27,6 +27,10 @@ def test_cascade_replay_beats_random_and_keys_are_there():
     # the fixture's wrong answers carry wrong arithmetic: the acceptance model sees it
     assert report["acceptance_auc"] > 0.9
     assert results["cascade"]["apgr"] > results["random"]["apgr"] + 0.2
+    # the post-hoc estimate used directly: an escalation curve of its own, paying for both answers too
+    posthoc = results["posthoc_threshold"]
+    assert posthoc["apgr"] > results["random"]["apgr"] + 0.2
+    assert posthoc["curve"][-1]["cost_usd"] == pytest.approx(results["cascade"]["curve"][-1]["cost_usd"])
     assert results["cascade_oracle"]["apgr"] >= results["cascade"]["apgr"] - 1e-9
     assert results["cascade"]["cost_share_to_match_strong"] is not None
     curve = results["cascade"]["curve"]

@@ -9,7 +9,9 @@ the curve is summarised by RouteLLM's APGR over the share of queries escalated; 
 both answers. Everything is cross-fitted (k folds: each query is planned by models — prior, post-hoc
 estimator, gain — that never saw it), so every one of the 1,319 questions is a held-out point.
 
-Next to it, on the same queries and prices: the previous acceptance model alone (FrugalGPT-style
+Next to it, on the same queries and prices: the planner's post-hoc estimate used directly
+(``posthoc_threshold``: escalate when P(Mixtral's answer is right) is low; it ranks the answers
+better than the gain built on it), the previous acceptance model alone (FrugalGPT-style
 features, router/compose/acceptance.py), the fast router (the query alone, paying for one model),
 random routing, always-weak, always-strong, and two oracles (fast: knows which model is right;
 cascade: a perfect verifier). Costs per query: prompt tokens ≈ chars/4 at each model's input price,
@@ -97,6 +99,10 @@ def evaluate_gsm8k_cascade(
         "acceptance_model": evaluate_router(
             "acceptance_model", 1 - accept, yw, ys, cw, cw + cs, bootstrap=bootstrap, seed=seed
         ),
+        # the planner's post-hoc estimate of Mixtral's answer, used directly: escalate when it is low
+        "posthoc_threshold": evaluate_router(
+            "posthoc_threshold", 1 - posthoc, yw, ys, cw, cw + cs, bootstrap=bootstrap, seed=seed
+        ),
         "fast_router": evaluate_router(
             "fast_router", 1 - fast, yw, ys, cw, cs, bootstrap=bootstrap, seed=seed
         ),
@@ -104,7 +110,7 @@ def evaluate_gsm8k_cascade(
         **baselines(yw, ys, cw, cs, random_state=seed),
     }
     strong_acc, strong_cost = float(ys.mean()), float(cs.mean())
-    for name in ("cascade", "acceptance_model", "fast_router"):
+    for name in ("cascade", "posthoc_threshold", "acceptance_model", "fast_router"):
         curve = results[name]["curve"]
         reaching = [p for p in curve if p["accuracy"] >= strong_acc - 1e-12]
         results[name]["cost_share_to_match_strong"] = (

@@ -155,7 +155,15 @@ def print_cascade_table(report: dict, console: Any) -> None:
 
     table = Table("router", "APGR", "95% CI", "strong share for 80% of gap", "cost there / always-strong")
     strong_cost = report["results"]["always_strong"]["cost_usd"]
-    for name in ("cascade", "acceptance_model", "fast_router", "cascade_oracle", "random", "oracle"):
+    for name in (
+        "cascade",
+        "posthoc_threshold",
+        "acceptance_model",
+        "fast_router",
+        "cascade_oracle",
+        "random",
+        "oracle",
+    ):
         r = report["results"][name]
         ci = r.get("apgr_ci95")
         table.add_row(
