@@ -253,17 +253,16 @@ class EdgeEngine(Engine):
 
     def _op(self, name: str, *args: Any, **kwargs: Any) -> Any:
         with self._guard:
-            if self.shard is None:
-                if self.closed:
-                    raise RuntimeError(f"the Qdrant Edge shard in {self.directory} is closed")
-                self._open_shard()  # suspended while idle: open it again
-            self.last_used = time.monotonic()
+            self.ensure_open()
             return getattr(self.shard, name)(*args, **kwargs)
 
     def ensure_open(self) -> None:
-        """Open a suspended shard now (the Retriever does, so its count of open shards is right)."""
+        """Open the shard again if it was suspended while idle (the Retriever calls this for a
+        collection it hands out, so its count of open shards is right); a closed one stays closed."""
         with self._guard:
-            if self.shard is None and not self.closed:
+            if self.shard is None:
+                if self.closed:
+                    raise RuntimeError(f"the Qdrant Edge shard in {self.directory} is closed")
                 self._open_shard()
             self.last_used = time.monotonic()
 

@@ -577,9 +577,12 @@ class Retriever:
         with self._lock:
             opened = self._open.get((tenant, name))
             if opened is not None:
+                # The common case, an open shard, returns at once: it must not wait here, under the
+                # Retriever's lock, for a long call (an ingest, an optimise) another thread is making.
                 if isinstance(opened.engine, EdgeEngine):
-                    opened.engine.ensure_open()
-                    self._bound_open_shards(keep=opened)
+                    if not opened.engine.is_open:
+                        opened.engine.ensure_open()
+                    self._bound_open_shards(keep=opened)  # never waits: a busy shard is skipped
                 return opened
             directory = self._dir(tenant, name)
             pool = self.pool
