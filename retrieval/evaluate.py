@@ -322,7 +322,7 @@ def disclosure(
 
     Run for the requested (index entries, passages, title words, summary words) and the settings in
     DISCLOSURE_CONFIGS. The tokens are those of the system message in the tool-calling form (the
-    text-directive form's header is 3 tokens longer). `gold_in_index`: listed in the injected index
+    text-directive form's header is 7 tokens longer). `gold_in_index`: listed in the injected index
     (one expansion reads it in full). `gold_reachable`: within two expansions — in the index, or on
     the next index page ('more', then the document).
     """

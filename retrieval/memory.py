@@ -79,8 +79,8 @@ class MemoryContext:
     summary_words: int = 0  # layer 0's summary, in words (0: none)
     title_words: int = 8  # layer 0's title, in words (0: whole)
     shown: int = -1
-    # (query, document ids already listed) -> new entries, handles not yet numbered: a steered 'more'
-    _search: Callable[[str, set[str]], list[MemoryEntry]] | None = field(default=None, repr=False)
+    # (query, document ids already known, first handle number) -> new entries: a steered 'more'
+    _search: Callable[[str, set[str], int], list[MemoryEntry]] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if self.shown < 0:
@@ -159,14 +159,10 @@ class MemoryContext:
         be read like any other."""
         assert self._search is not None
         # Unlisted entries of the first search are skipped too: a steered search is for new documents.
-        fresh = self._search(query, {e.document_id for e in self.entries})[: self.page or 8]
+        fresh = self._search(query, {e.document_id for e in self.entries}, len(self.entries) + 1)
         if not fresh:
             return f"No further memory entries for {query!r}."
-        hidden = self.entries[self.shown :]
-        numbered = len(self.entries)
-        for i, entry in enumerate(fresh):
-            entry.handle = f"m{numbered + 1 + i}"
-        self.entries = [*self.entries[: self.shown], *fresh, *hidden]
+        self.entries = [*self.entries[: self.shown], *fresh, *self.entries[self.shown :]]
         self.shown += len(fresh)
         return "\n".join(self.line(e) for e in fresh)
 
@@ -244,7 +240,7 @@ def recall(
         page=index_size,
         title_words=title_words,
         summary_words=summary_words,
-        _search=lambda text, exclude: search(text, exclude, index_size, 0),
+        _search=lambda text, exclude, first: search(text, exclude, index_size, first),
     )
 
 
