@@ -10,8 +10,8 @@ event stream is written by gateway/anthropic_stream.py (litellm's `AnthropicStre
 ~115 µs a chunk). What litellm lacked, written here: the request's validation,
 Anthropic-format errors (JSON and the SSE `error` event), the message id, polyroute's metadata keys
 and cost on the answer, the token count's endpoint, plain-text document blocks (the adapter drops
-them), and stop sequences with the stop_reason that names them (gateway/stop_sequences.py: they are
-applied here, not sent). See docs/anthropic.md.
+them), and stop sequences with the stop_reason that names them (gateway/stop_sequences.py: sent to
+the worker by default and cut here as well, or kept and cut here only). See docs/anthropic.md.
 """
 
 from __future__ import annotations
@@ -309,6 +309,7 @@ class AnthropicWire(TranslatingWire):
         self.ignored: list[str] = []
         self.message_id = "msg_" + uuid.uuid4().hex
         self.stops: list[str] = []  # stop_sequences, cut here too (gateway/stop_sequences.py)
+        self.kept: tuple[str, ...] = ()  # those not sent to the worker ("gateway" mode)
 
     async def read(self, request: Request, state: AppState) -> ChatCompletionRequest:
         data = await read_json_object(request, state.settings.max_body_bytes)
@@ -317,11 +318,12 @@ class AnthropicWire(TranslatingWire):
         self.stops = [s for s in body.stop_sequences or () if s]
         if state.settings.messages_stop_sequences == "gateway":
             chat.pop("stop", None)  # kept here: cut and named by the gateway (gateway/stop_sequences.py)
+            self.kept = tuple(self.stops)
         # "forward": the worker gets them as `stop`; the cut here still catches a worker that ignores them
         return await heavy_if(is_large(request), validate, ChatCompletionRequest, chat)
 
     def policy_texts(self) -> tuple[str, ...]:
-        return tuple(self.stops)
+        return self.kept  # forwarded ones are in the request as `stop`, classified with it
 
     def _headers(self, headers: dict[str, str]) -> dict[str, str]:
         out = dict(headers)

@@ -135,13 +135,13 @@ class Settings(BaseModel):
         64, ge=0, description="embedded shards open at once (LRU beyond it closes idle ones; 0: no limit)"
     )
     retrieval_max_upload_bytes: int = Field(32 * 1024 * 1024, gt=0, description="one ingest request")
-    # Layer 0 sized for the 95% token cut against stuffing the top-5 documents (measured on SciFact
-    # train in docs/retrieval-engine.md): 3 entries of 8 title words, no passage up front.
     # Anthropic stop_sequences: "forward" sends them to the worker as OpenAI's `stop` (it stops there,
     # and nothing past them is paid for; a worker that stopped on one says only "stop", so the answer
     # reads end_turn), "gateway" keeps them and cuts the text here (stop_reason "stop_sequence" with
     # the string, as Anthropic does, but the worker writes on and is billed to its end).
     messages_stop_sequences: str = Field("forward", pattern=r"^(forward|gateway)$")
+    # Layer 0 sized for the 95% token cut against stuffing the top-5 documents (measured on SciFact
+    # train in docs/retrieval-engine.md): 3 entries of 8 title words, no passage up front.
     memory_index_size: int = Field(3, ge=1, le=50, description="memory index entries (layer 0)")
     memory_snippets: int = Field(0, ge=0, le=20, description="top entries that also get a passage")
     memory_title_words: int = Field(8, ge=0, le=100, description="layer 0 title words (0: whole title)")
