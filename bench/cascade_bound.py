@@ -25,7 +25,6 @@ Writes bench/results/cascade_bound.json.
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import sys
 from pathlib import Path
@@ -37,24 +36,17 @@ from rich.table import Table
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from router.answers import Kind, choice_letters, detect_kind  # noqa: E402
 from router.offline.book import AnswerBook  # noqa: E402
 from router.offline.code_runs import code_runs_for  # noqa: E402
 from router.offline.metrics import aiq  # noqa: E402
+from router.offline.plan_table_fit import PlanScores, clusters_of  # noqa: E402
 from router.offline.routerbench import load_routerbench  # noqa: E402
 
 LAMBDAS = (0.0, 0.005, 0.01, 0.02, 0.03, 0.05, 0.1, 0.2, 0.5, 1.0)
 
 
-def cluster_of(query: str) -> str:
-    kind = detect_kind(query)
-    if kind is Kind.CHOICE:
-        return "choice-2" if len(choice_letters(query)) == 2 else "choice-3+"
-    return kind.name.lower()
-
-
 class Plans:
-    """Accuracy and cost of every plan of the family on some rows of one dataset."""
+    """One dataset's recorded answers, clustered as the plan table clusters questions."""
 
     def __init__(self, files: list[str]) -> None:
         ds = load_routerbench(files)
@@ -62,43 +54,23 @@ class Plans:
         self.workers = ds.workers
         self.labels = np.nan_to_num(ds.labels)
         self.costs = np.asarray(ds.costs, dtype=float)
-        self.clusters = np.array([cluster_of(q) for q in ds.texts])
         self.book = AnswerBook(ds.texts, ds.responses, code_runs_for(ds.texts, ds.responses))
+        self.clusters = clusters_of(self.book)
 
-    def agree(self, rows: np.ndarray, voters: tuple[int, ...]) -> np.ndarray:
-        """Whether all voters' keys agree (and exist), as the planner would read them."""
-        out = np.zeros(len(rows), dtype=bool)
-        for n, i in enumerate(rows):
-            keys = self.book.read(int(i), list(voters)).keys
-            out[n] = keys[0] is not None and all(k == keys[0] for k in keys[1:])
-        return out
-
-    def table(self, rows: np.ndarray, plans: list[tuple]) -> tuple[np.ndarray, np.ndarray]:
-        """(mean accuracy, mean cost) per plan over ``rows``."""
-        Y, C = self.labels[rows], self.costs[rows]
-        agreement: dict[tuple[int, ...], np.ndarray] = {}
-        acc, cost = np.zeros(len(plans)), np.zeros(len(plans))
-        for p, plan in enumerate(plans):
-            *voters, fallback = plan
-            if not voters:
-                acc[p], cost[p] = Y[:, fallback].mean(), C[:, fallback].mean()
-                continue
-            voters = tuple(voters)
-            if voters not in agreement:
-                agreement[voters] = self.agree(rows, voters)
-            ok = agreement[voters]
-            acc[p] = np.where(ok, Y[:, voters[0]], Y[:, fallback]).mean()
-            cost[p] = (C[:, list(voters)].sum(1) + np.where(ok, 0.0, C[:, fallback])).mean()
-        return acc, cost
-
-
-def family(k: int) -> list[tuple]:
-    plans: list[tuple] = [(e,) for e in range(k)]
-    for a, b in itertools.combinations(range(k), 2):
-        plans += [(a, b, e) for e in range(k) if e not in (a, b)]
-    for a, b, c in itertools.combinations(range(k), 3):
-        plans += [(a, b, c, e) for e in range(k) if e not in (a, b, c)]
-    return plans
+    def table(self, rows: np.ndarray) -> tuple[PlanScores, np.ndarray, np.ndarray]:
+        """Every plan of the family (all workers as voters), scored on ``rows``: (the scores, mean
+        accuracy, mean cost) per plan, in the family's fixed order."""
+        scores = PlanScores(
+            self.book,
+            rows,
+            self.labels,
+            self.costs,
+            np.zeros(len(rows), dtype=int),
+            1,
+            range(len(self.workers)),
+        )
+        accuracy, cost, _, _ = scores.measured()
+        return scores, accuracy, cost
 
 
 def main() -> None:
@@ -111,22 +83,22 @@ def main() -> None:
     train, test = Plans(args.train), Plans(args.test)
     if train.workers != test.workers:
         raise SystemExit("the train and test files name different workers")
-    k = len(train.workers)
-    plans = family(k)
     best = int(np.argmax(train.labels.mean(0)))
     unit = float(train.costs[:, best].mean())  # λ is in accuracy per this cost
     best_test_acc, best_test_cost = float(test.labels[:, best].mean()), float(test.costs[:, best].mean())
     clusters = sorted(set(train.clusters) | set(test.clusters))
     scored = {}
-    with console.status(f"scoring {len(plans)} plans on {len(clusters)} clusters"):
+    with console.status(f"scoring every plan on {len(clusters)} clusters"):
         for c in clusters:
             tr, te = np.where(train.clusters == c)[0], np.where(test.clusters == c)[0]
             if len(tr) and len(te):
-                scored[c] = (train.table(tr, plans), test.table(te, plans), len(te))
+                plans, *on_train = train.table(tr)
+                _, *on_test = test.table(te)
+                scored[c] = (tuple(on_train), tuple(on_test), len(te))
 
-    def name(plan: tuple) -> str:
-        short = [train.workers[j].split("/")[-1][:18] for j in plan]
-        return short[0] if len(plan) == 1 else f"{' + '.join(short[:-1])} agree, else {short[-1]}"
+    def name(p: int) -> str:
+        short = [train.workers[j].split("/")[-1][:18] for j in (*plans.voters[p], plans.fallback[p])]
+        return short[0] if len(short) == 1 else f"{' + '.join(short[:-1])} agree, else {short[-1]}"
 
     def sweep(lam: float, pick: str) -> tuple[float, float]:
         """(test accuracy, test $/query) with one plan per cluster picked on ``pick`` at ``lam``."""
@@ -156,7 +128,7 @@ def main() -> None:
                 spent += c_te[p] * n_te
                 n += n_te
                 if pick == "train":
-                    row["clusters"][c] = {"plan": name(plans[p]), "train_accuracy": round(float(a_tr[p]), 4)}
+                    row["clusters"][c] = {"plan": name(p), "train_accuracy": round(float(a_tr[p]), 4)}
             row[f"picked_on_{pick}"] = {
                 "accuracy": round(correct / n, 4),
                 "cost_share_of_best_single": round(spent / n / best_test_cost, 4),
@@ -188,7 +160,7 @@ def main() -> None:
         "test_files": args.test,
         "best_single": train.workers[best],
         "best_single_test_accuracy": round(best_test_acc, 4),
-        "plans": len(plans),
+        "plans": len(plans.voters),
         "aiq_picked_on_train": round(aiqs["train"], 4),
         "aiq_bound_picked_on_test": round(aiqs["test"], 4),
         "cluster_sizes_test": {c: int(v[2]) for c, v in scored.items()},

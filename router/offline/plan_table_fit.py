@@ -48,7 +48,7 @@ def voter_candidates(Y: np.ndarray, C: np.ndarray) -> list[int]:
     return sorted(chosen)
 
 
-class _Scored:
+class PlanScores:
     """Every plan's summed outcome per fold over some rows: ``correct``/``cost``/``agreed`` are
     [plans, folds] sums and ``counts`` [folds] (sums, not per-row matrices: 12 voter candidates and
     50 fallbacks over thousands of questions would not fit in memory per row)."""
@@ -61,12 +61,13 @@ class _Scored:
         costs: np.ndarray,
         fold: np.ndarray,
         n_folds: int,
+        candidates: Sequence[int] | None = None,
     ) -> None:
         k = labels.shape[1]
         Y, C = np.nan_to_num(labels[rows]), np.nan_to_num(costs[rows])
         F = np.zeros((len(rows), n_folds))
         F[np.arange(len(rows)), fold] = 1.0  # row -> its fold, for per-fold sums by matrix product
-        candidates = voter_candidates(Y, C)
+        candidates = voter_candidates(Y, C) if candidates is None else list(candidates)
         sets = [s for size in range(2, MAX_VOTERS + 1) for s in itertools.combinations(candidates, size)]
         voters: list[tuple[int, ...]] = [()] * k
         fallback = list(range(k))
@@ -85,17 +86,27 @@ class _Scored:
         self.correct, self.cost, self.agreed = np.vstack(correct), np.vstack(cost), np.vstack(agreed)
         self.counts = F.sum(0)
 
-    def plan_set(self, exclude: int | None, workers: int) -> PlanSet | None:
-        """The frontier (and every single worker), measured without fold ``exclude`` (None: all);
-        None when no question is left to measure it on."""
+    def measured(self, exclude: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
+        """Every plan's mean accuracy, cost and agreement without fold ``exclude`` (None: all
+        folds), and the number of questions they are measured on."""
         keep_folds = np.ones(len(self.counts), dtype=bool)
         if exclude is not None:
             keep_folds[exclude] = False
         n = float(self.counts[keep_folds].sum())
+        scale = 1.0 / n if n else 0.0
+        return (
+            self.correct[:, keep_folds].sum(1) * scale,
+            self.cost[:, keep_folds].sum(1) * scale,
+            self.agreed[:, keep_folds].sum(1) * scale,
+            n,
+        )
+
+    def plan_set(self, exclude: int | None, workers: int) -> PlanSet | None:
+        """The frontier (and every single worker), measured without fold ``exclude`` (None: all);
+        None when no question is left to measure it on."""
+        accuracy, cost, agreed, n = self.measured(exclude)
         if n == 0:
             return None
-        accuracy = self.correct[:, keep_folds].sum(1) / n
-        cost = self.cost[:, keep_folds].sum(1) / n
         order = np.lexsort((-accuracy, cost))  # cheapest first, then most accurate
         keep, best = [], -np.inf
         for p in order:
@@ -107,7 +118,7 @@ class _Scored:
             [self.voters[p] for p in keep],
             [self.fallback[p] for p in keep],
             accuracy[keep],
-            self.agreed[keep][:, keep_folds].sum(1) / n,
+            agreed[keep],
             int(n),
         )
 
@@ -164,7 +175,7 @@ def cross_fit_tables(
         if name != ANY and len(members) < MIN_CLUSTER:
             continue
         say(f"plan table: scoring every plan on {len(members)} '{name}' questions")
-        scored[name] = _Scored(book, members, labels, costs, fold_of[members], max(k, 1))
+        scored[name] = PlanScores(book, members, labels, costs, fold_of[members], max(k, 1))
     tables = []
     for f in range(k):
         measured = {
