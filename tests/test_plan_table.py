@@ -142,7 +142,8 @@ def test_no_training_questions_is_a_clear_error():
 
 def test_cross_fitted_tables_leave_each_fold_out():
     book, _, labels, costs = synthetic(200, seed=5)
-    tables, fold_of = cross_fit_tables(book, labels, costs, ["a", "b", "c"], k=4, seed=0)
+    fitted = cross_fit_tables(book, labels, costs, ["a", "b", "c"], k=4, seed=0)
+    tables, fold_of = fitted.by_fold, fitted.fold_of
     assert len(tables) == 4 and sorted(set(fold_of)) == [0, 1, 2, 3]
     sizes = [t.clusters["choice-3+"].questions for t in tables]
     assert all(size == 200 - int((fold_of == f).sum()) for f, size in enumerate(sizes))

@@ -5,7 +5,7 @@ of each voter set is read per question from the :class:`AnswerBook` (the keys th
 live), then accuracy and cost for every fallback follow from two matrix products. The plans kept
 are the cluster's accuracy/cost frontier (by recorded mean cost) and every single worker.
 
-``cross_fit_tables`` fits one table per fold on the other folds, so a replay of the training files
+``cross_fit_tables`` fits the table on every question and one per fold on the other folds, so a replay of the training files
 with them (each question planned by a table that never saw it) measures the table as the held-out
 files will — the comparison with the learned planner that picks a trained router's strategy.
 """
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -136,6 +137,19 @@ def _kind_options(book: AnswerBook, i: int):
     return state.kind, state.options
 
 
+@dataclass
+class FittedTables:
+    """The plan table fitted on every training question, and per fold one that never saw the fold
+    (the shape of planner_fit.FittedPlanners): one scoring of the plans serves them all."""
+
+    final: PlanTable
+    fold_of: np.ndarray  # fold index of each question (0 for rows not fitted on)
+    by_fold: list[PlanTable]
+
+    def for_row(self, i: int) -> PlanTable:
+        return self.by_fold[int(self.fold_of[i])]
+
+
 def fit_plan_table(
     book: AnswerBook,
     labels: np.ndarray,
@@ -144,7 +158,7 @@ def fit_plan_table(
     rows: Sequence[int] | None = None,
 ) -> PlanTable:
     """A table fitted on ``rows`` (default: all) of the recorded answers."""
-    return cross_fit_tables(book, labels, costs, workers, k=1, rows=rows)[0][0]
+    return cross_fit_tables(book, labels, costs, workers, k=1, rows=rows).final
 
 
 def cross_fit_tables(
@@ -157,8 +171,9 @@ def cross_fit_tables(
     seed: int = 0,
     rows: Sequence[int] | None = None,
     progress: Callable[[str], None] | None = None,
-) -> tuple[list[PlanTable], np.ndarray]:
-    """``k`` tables, the f-th fitted without fold f, and each row's fold (k = 1: one table on all)."""
+) -> FittedTables:
+    """The table on all ``rows`` and ``k`` fold tables, the f-th fitted without fold f (k = 1: the
+    one table serves as both)."""
     say = progress or (lambda _: None)
     rows = np.arange(len(book)) if rows is None else np.asarray(list(rows))
     if len(rows) == 0:
@@ -176,15 +191,15 @@ def cross_fit_tables(
             continue
         say(f"plan table: scoring every plan on {len(members)} '{name}' questions")
         scored[name] = PlanScores(book, members, labels, costs, fold_of[members], max(k, 1))
-    tables = []
-    for f in range(k):
-        measured = {
-            name: plans.plan_set(f if k > 1 else None, len(workers)) for name, plans in scored.items()
-        }
+
+    def table(exclude: int | None) -> PlanTable:
+        measured = {name: plans.plan_set(exclude, len(workers)) for name, plans in scored.items()}
         clusters = {name: plan_set for name, plan_set in measured.items() if plan_set is not None}
         card = {
             "strategy": "plan_table",
             "clusters": {name: {"questions": s.questions, "plans": len(s)} for name, s in clusters.items()},
         }
-        tables.append(PlanTable(list(workers), clusters, card=card))
-    return tables, fold_of
+        return PlanTable(list(workers), clusters, card=card)
+
+    final = table(None)
+    return FittedTables(final, fold_of, [table(f) for f in range(k)] if k > 1 else [final])

@@ -33,7 +33,7 @@ from router.offline.book import AnswerBook
 from router.offline.code_runs import code_runs_for
 from router.offline.dataset import RoutingDataset
 from router.offline.metrics import DEFAULT_LAMBDAS, aiq, lambda_curve
-from router.offline.plan_table_fit import cross_fit_tables, fit_plan_table
+from router.offline.plan_table_fit import cross_fit_tables
 from router.offline.planner_fit import FittedPlanners, Recorded, fit_planner
 from router.offline.pool import (
     PoolData,
@@ -139,15 +139,12 @@ def compare_strategies(
     rows = np.flatnonzero(~(np.isnan(Y).any(axis=1) | np.isnan(C).any(axis=1)))
     say("validation: replaying the training files with the fold planners")
     held = {"planner": replay(planners.for_row, book, rows, rec.log_odds, cost_cf, C, Y, lambdas)}
-    tables, fold_of = cross_fit_tables(book, Y, C, workers, k=FOLDS, seed=seed, progress=say)
+    tables = cross_fit_tables(book, Y, C, workers, k=FOLDS, seed=seed, progress=say)
     say("validation: replaying the training files with the fold plan tables")
-    held["plan_table"] = replay(
-        lambda i: tables[fold_of[i]], book, rows, rec.log_odds, cost_cf, C, Y, lambdas
-    )
+    held["plan_table"] = replay(tables.for_row, book, rows, rec.log_odds, cost_cf, C, Y, lambdas)
     dearest = float(C[rows].mean(axis=0).max())
     scores = {name: replay_aiq(run, dearest) for name, run in held.items()}
-    table = fit_plan_table(book, Y, C, workers)
-    return Strategies(rows, held, scores, table, max(scores, key=lambda name: scores[name]))
+    return Strategies(rows, held, scores, tables.final, max(scores, key=lambda name: scores[name]))
 
 
 def replay_aiq(run: Replay, max_cost: float) -> float:
