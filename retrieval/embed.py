@@ -23,6 +23,7 @@ Importing this module is cheap; the model loads on the first `encode`.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from collections import OrderedDict
@@ -160,8 +161,7 @@ class Embedder:
         return out
 
     def _autocast(self) -> Any:
-        import contextlib
-
+        """bf16 autocast around the forward pass where it was resolved on load, else nothing."""
         if self.compute != "bf16":
             return contextlib.nullcontext()
         import torch
