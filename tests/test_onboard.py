@@ -147,6 +147,11 @@ def test_eval_onboard_writes_three_routers_and_the_recovered_gain(tmp_path):
     # only the frontier model does arithmetic in the fixture: losing it costs AIQ
     assert aiq["full"] > aiq["without"]
     assert "gain_recovered" in result.output
+    # the paired bootstrap: an interval around the figures; losing the frontier model never helps
+    low, high = ob["full_minus_without_interval"]
+    assert 0 <= low <= aiq["full"] - aiq["without"] <= high
+    low, high = ob["gain_recovered_interval"]
+    assert low <= high and "95% interval of gain_recovered" in result.output
 
 
 @pytest.mark.parametrize(

@@ -294,6 +294,22 @@ def test_eval_cli_writes_the_result_and_oracle_beats_ours_beats_random(tmp_path:
     assert aiqs["oracle"] + 1e-9 >= aiqs["ours"] >= aiqs["random"]
     assert set(report["singles"]) == set(report["workers"]) and report["per_task"]
     assert report["n_test"] + report["n_test_skipped_blank"] == 9
+    _assert_intervals(report, [("ours", "knn")])
+
+
+def _assert_intervals(report: dict, pairs: list[tuple[str, str]]) -> None:
+    """The paired bootstrap: each difference is the reported AIQs' and lies in its interval (a
+    percentile interval of resampled differences need not contain it, but on these files it does)."""
+    intervals, routers = report["intervals"], report["routers"]
+    assert "paired bootstrap" in intervals["method"]
+    for a, b in pairs:
+        d = intervals[f"{a} - {b}"]
+        assert d["difference"] == pytest.approx(routers[a]["aiq"] - routers[b]["aiq"], abs=1e-4)
+        assert d["interval"][0] <= d["difference"] + 1e-4 and d["difference"] - 1e-4 <= d["interval"][1]
+        assert 0.0 <= d["share_ahead"] <= 1.0
+        for name in (a, b):
+            low, high = routers[name]["aiq_interval"]
+            assert low <= routers[name]["aiq"] + 1e-9 and routers[name]["aiq"] - 1e-9 <= high
 
 
 def test_blank_test_rows_are_skipped_and_overlapping_train_rows_dropped() -> None:
@@ -343,6 +359,7 @@ def test_eval_cli_cascade_replays_plans_and_reports_the_new_keys(tmp_path: Path)
     # the AIQ axis ends at the dearest single model: no router is credited beyond it
     assert report["max_cost_usd"] == max(s["cost_usd"] for s in report["singles"].values())
     assert report["routers"]["oracle"]["aiq"] + 1e-9 >= report["routers"]["random"]["aiq"]
+    _assert_intervals(report, [("ours", "knn"), ("ours", "single"), ("plan_table", "planner")])
 
 
 def test_eval_cli_cascade_on_files_without_answers_says_so_and_routes_single(tmp_path: Path) -> None:

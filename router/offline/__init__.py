@@ -14,6 +14,7 @@ import from router/, never the other way round (gateway/ imports router/ only).
     formats.py      format name → loader, for `router eval --format` and `router split`
     split.py        file splits, train/test alignment, RouteLLM row splits, cross-fitting folds
     metrics.py      curves and their summaries: APGR/CPT (2 workers), AIQ and goal metrics (N workers)
+    intervals.py    paired bootstrap intervals of AIQ differences and of onboarding's gain_recovered
     pool.py         the shared half of an N-worker evaluation: baselines, validation, AIQ, per-task shares
     single.py       strategy "fast": one worker per query from the query alone (2 and N workers)
     cascade.py      strategy "cascade": answer-aware escalation replayed on recorded answers

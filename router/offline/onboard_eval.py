@@ -26,6 +26,7 @@ import numpy as np
 
 from router.costs import CostModel
 from router.offline.dataset import RoutingDataset
+from router.offline.intervals import METHOD, PerQuery, interval, resampled_aiq
 from router.offline.metrics import DEFAULT_LAMBDAS
 from router.offline.pool import PoolData, fit_quality_model, score_aiq, single_workers, swept_router
 from router.onboard import DEFAULT_ALPHA, fit_vector
@@ -85,8 +86,14 @@ def evaluate_onboarding(
     Y, C = data.train.labels, data.train_costs
     every = range(len(data.workers))
 
+    per_query: dict[str, PerQuery] = {}  # for the bootstrap interval of gain_recovered
+
     def router(name: str, quality: np.ndarray, cost: np.ndarray, columns: Sequence[int]) -> dict:
-        return swept_router(name, quality, cost, data.test, lambdas, columns)[0]
+        result, choices = swept_router(name, quality, cost, data.test, lambdas, columns)
+        per_query[f"draw{len(draws)}" if name == "ours" else name] = PerQuery.from_choices(
+            choices, data.test.labels, data.test_costs
+        )
+        return result
 
     say(f"fitting the full router ({model}, every label) and the one without {worker}")
     full_q = fit_quality_model(model, data.X_train, Y, seed).predict(data.X_test)
@@ -95,11 +102,11 @@ def evaluate_onboarding(
     known_cost = full_cost[:, others]  # the cost model is per worker: the same without WORKER
     without_q = np.zeros_like(full_q)
     without_q[:, others] = known_q  # a router that never saw WORKER: the representation ours builds on
+    draws: list[dict] = []
     routers = {
         "full": router("full", full_q, full_cost, every),
         "without": router("without", without_q, full_cost, others),
     }
-    draws = []
     for r in range(repeats):
         rng = np.random.default_rng(seed + r)
         rows = np.sort(rng.choice(labelled, size=probes, replace=False))
@@ -138,6 +145,13 @@ def evaluate_onboarding(
     def recovered(value: float) -> float | None:
         return None if abs(span) < 1e-12 else (value - without) / span
 
+    say("paired bootstrap of gain_recovered")
+    samples = resampled_aiq(per_query, max_cost, seed=seed)
+    ours_samples = np.mean([samples[f"draw{i}"] for i in range(len(draws))], axis=0)
+    spans = samples["full"] - samples["without"]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratios = np.where(np.abs(spans) < 1e-12, np.nan, (ours_samples - samples["without"]) / spans)
+
     return {
         **data.summary(max_cost),
         "routers": routers,
@@ -149,6 +163,9 @@ def evaluate_onboarding(
             "alpha": alpha,
             "model": model,
             "gain_recovered": recovered(ours_aiq),
+            "gain_recovered_interval": interval(ratios),
+            "full_minus_without_interval": interval(spans),
+            "interval_method": METHOD,
             "formula": FORMULA,
             "aiq": {"ours": ours_aiq, "full": full, "without": without},
             "draws": [

@@ -32,7 +32,8 @@ from router.evidence import logit
 from router.offline.book import AnswerBook
 from router.offline.code_runs import code_runs_for
 from router.offline.dataset import RoutingDataset
-from router.offline.metrics import DEFAULT_LAMBDAS, aiq, lambda_curve
+from router.offline.intervals import METHOD, PerQuery, differences, interval, resampled_aiq
+from router.offline.metrics import DEFAULT_LAMBDAS, aiq, lambda_curve, route
 from router.offline.plan_table_fit import cross_fit_tables
 from router.offline.planner_fit import FittedPlanners, Recorded, fit_planner
 from router.offline.pool import (
@@ -286,6 +287,18 @@ def evaluate_cascade(
     max_cost = score_aiq(routers, singles)
     for name in ("ours", "single", "planner", "plan_table"):
         routers[name].update(goal_metrics(routers[name], routers["best_single"]))
+    say("paired bootstrap of the AIQ differences")
+    per_query = {
+        "ours": PerQuery(run.score, run.cost),
+        "planner": PerQuery(runs["planner"].score, runs["planner"].cost),
+        "plan_table": PerQuery(runs["plan_table"].score, runs["plan_table"].cost),
+        "single": PerQuery.from_choices(single_choices, test.labels, data.test_costs),
+        "knn": PerQuery.from_choices(route(knn_q, predicted_cost, lambdas), test.labels, data.test_costs),
+    }
+    samples = resampled_aiq(per_query, max_cost, seed=seed)
+    for name, drawn in samples.items():
+        routers[name]["aiq_interval"] = interval(drawn)
+    pairs = [("ours", "knn"), ("ours", "single"), ("plan_table", "planner"), ("single", "knn")]
     groups = np.array(test.groups)
     per_task = {}
     for group in sorted(set(test.groups)):
@@ -317,6 +330,10 @@ def evaluate_cascade(
             "validation": "cross-fitted replay of the training files: each query planned by fold models "
             "(prior, cost, post-hoc, gain) that never saw it",
             "replay_ms_per_decision": round(per_query_ms, 3),
+        },
+        "intervals": {
+            "method": METHOD,
+            **differences(samples, pairs, lambda name: routers[name]["aiq"]),
         },
         "cost_model": cost_model_report(predicted_cost, data),
         "seconds": {"embed": round(data.embed_seconds, 1), "fit": round(fit_seconds, 1)},

@@ -111,10 +111,10 @@ def print_pool_summary(report: dict, console: Any) -> None:
     table = Table(
         title=f"{report['format']}: {report['n_test']} test queries, {len(report['workers'])} workers"
     )
-    for col in ("router", "accuracy", "cost $/1k queries", "AIQ"):
+    for col in ("router", "accuracy", "cost $/1k queries", "AIQ", "AIQ 95% interval"):
         table.add_column(col, justify="left" if col == "router" else "right")
     for name, s in sorted(report["singles"].items(), key=lambda kv: kv[1]["cost_usd"]):
-        table.add_row(name, f"{s['accuracy']:.3f}", f"{1000 * s['cost_usd']:.4f}", f"{s['aiq']:.4f}")
+        table.add_row(name, f"{s['accuracy']:.3f}", f"{1000 * s['cost_usd']:.4f}", f"{s['aiq']:.4f}", "")
     names = ("random", "cheapest", "best_single", "agreement_rule", "knn", "single", "oracle")
     for name in (*names, "planner", "plan_table", "ours"):
         r = report["routers"].get(name)
@@ -127,8 +127,20 @@ def print_pool_summary(report: dict, console: Any) -> None:
             costs = [p["cost_usd"] for p in r["curve"]]
             acc, cost = f"{min(accs):.3f}–{max(accs):.3f}", f"{1000 * min(costs):.4f}–{1000 * max(costs):.4f}"
         label = f"{name} = {r['chosen']}" if r.get("chosen") else name
-        table.add_row(f"[bold]{label}[/]", acc, cost, f"{r['aiq']:.4f}")
+        band = r.get("aiq_interval")
+        table.add_row(
+            f"[bold]{label}[/]", acc, cost, f"{r['aiq']:.4f}", f"{band[0]:.4f}–{band[1]:.4f}" if band else ""
+        )
     console.print(table)
+    intervals = report.get("intervals", {})
+    for pair, d in intervals.items():
+        if pair != "method":
+            console.print(
+                f"AIQ {pair}: {d['difference']:+.4f} (95% interval {d['interval'][0]:+.4f} to "
+                f"{d['interval'][1]:+.4f}; ahead in {d['share_ahead']:.0%} of resamples)"
+            )
+    if intervals:
+        console.print(f"intervals: {intervals['method']}")
     ours = report["routers"]["ours"]
     if ours.get("chosen_because"):
         console.print(f"ours is the {ours['chosen']}: {ours['chosen_because']}")
@@ -201,3 +213,9 @@ def print_onboarding(report: dict, console: Any) -> None:
     console.print(
         f"gain_recovered = {'n/a' if gain is None else f'{gain:.2f}'} (per draw: {draws}); {ob['formula']}"
     )
+    band, span = ob.get("gain_recovered_interval"), ob.get("full_minus_without_interval")
+    if band and span:
+        console.print(
+            f"95% interval of gain_recovered: {band[0]:.2f} to {band[1]:.2f}; of full − without: "
+            f"{span[0]:+.4f} to {span[1]:+.4f} ({ob['interval_method']})"
+        )

@@ -22,7 +22,8 @@ import numpy as np
 
 from router.costs import CostModel
 from router.offline.dataset import RoutingDataset
-from router.offline.metrics import DEFAULT_LAMBDAS, baselines, evaluate_router
+from router.offline.intervals import METHOD, PerQuery, differences, interval, resampled_aiq
+from router.offline.metrics import DEFAULT_LAMBDAS, baselines, evaluate_router, route
 from router.offline.pool import (
     PoolData,
     Validation,
@@ -177,6 +178,16 @@ def evaluate_pool(
     operating.update(test_accuracy=ours["curve"][i]["accuracy"], test_cost_usd=ours["curve"][i]["cost_usd"])
     ours["operating_point"] = operating
     ours["model"] = model
+    say("paired bootstrap of the AIQ difference to kNN")
+    per_query = {
+        "ours": PerQuery.from_choices(ours_choices, data.test.labels, data.test_costs),
+        "knn": PerQuery.from_choices(
+            route(knn_q, predicted_cost, lambdas), data.test.labels, data.test_costs
+        ),
+    }
+    samples = resampled_aiq(per_query, max_cost, seed=seed)
+    for name, drawn in samples.items():
+        routers[name]["aiq_interval"] = interval(drawn)
     task_shares = shares(ours_choices[i], data.test.groups, data.workers)
     return {
         **data.summary(max_cost),
@@ -184,6 +195,10 @@ def evaluate_pool(
         "singles": singles,
         "per_task": per_task(data, ours_choices[i], task_shares),
         "shares_at_operating_point": task_shares["all"],
+        "intervals": {
+            "method": METHOD,
+            **differences(samples, [("ours", "knn")], lambda name: routers[name]["aiq"]),
+        },
         "cost_model": cost_model_report(predicted_cost, data),
         "seconds": {"embed": round(data.embed_seconds, 1), "fit_predict": round(fit_seconds, 1)},
         "lambdas": list(lambdas),
