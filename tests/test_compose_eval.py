@@ -39,6 +39,14 @@ def test_cascade_replay_beats_random_and_keys_are_there():
     assert curve[-1]["cost_usd"] == pytest.approx(
         results["always_weak"]["cost_usd"] + results["always_strong"]["cost_usd"]
     )
+    # the live cascade is, per fold, the planner (with or without its gain model) chosen on the
+    # other folds: its curve is one of theirs where every fold chose the same
+    policies = report["cascade_policy_per_fold"]
+    assert len(policies) == 3 and set(policies) <= {"planner", "myopic_planner"}
+    if len(set(policies)) == 1:
+        assert results["cascade"]["apgr"] == pytest.approx(results[policies[0]]["apgr"])
+    for name in ("planner", "myopic_planner"):
+        assert results[name]["apgr"] > results["random"]["apgr"] + 0.2
 
 
 def test_bad_files_name_the_file_and_line(tmp_path):

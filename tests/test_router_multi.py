@@ -350,16 +350,20 @@ def test_eval_cli_cascade_replays_plans_and_reports_the_new_keys(tmp_path: Path)
     )
     rule = report["routers"]["agreement_rule"]
     assert rule["voters"] and rule["fallback"] == report["routers"]["best_single"]["worker"]
-    # both answer-aware strategies are reported; ours is the one that replayed better on the train files
-    planner, table = report["routers"]["planner"], report["routers"]["plan_table"]
-    assert ours["chosen"] in ("planner", "plan_table") and "cross-fitted replay" in ours["chosen_because"]
-    chosen, other = (planner, table) if ours["chosen"] == "planner" else (table, planner)
-    assert chosen["validation_aiq"] >= other["validation_aiq"] and ours["curve"] == chosen["curve"]
+    # every answer-aware strategy is reported; ours is the one that replayed best on the train files
+    strategies = {name: report["routers"][name] for name in ("planner", "myopic_planner", "plan_table")}
+    assert ours["chosen"] in strategies and "cross-fitted replay" in ours["chosen_because"]
+    chosen = strategies[ours["chosen"]]
+    assert all(chosen["validation_aiq"] >= s["validation_aiq"] for s in strategies.values())
+    assert ours["curve"] == chosen["curve"]
     assert report["cascade"]["strategy"] == ours["chosen"] and report["cascade"]["plan_table"]["clusters"]
     # the AIQ axis ends at the dearest single model: no router is credited beyond it
     assert report["max_cost_usd"] == max(s["cost_usd"] for s in report["singles"].values())
     assert report["routers"]["oracle"]["aiq"] + 1e-9 >= report["routers"]["random"]["aiq"]
-    _assert_intervals(report, [("ours", "knn"), ("ours", "single"), ("plan_table", "planner")])
+    _assert_intervals(
+        report,
+        [("ours", "knn"), ("ours", "single"), ("plan_table", "planner"), ("planner", "myopic_planner")],
+    )
 
 
 def test_eval_cli_cascade_on_files_without_answers_says_so_and_routes_single(tmp_path: Path) -> None:
@@ -383,13 +387,14 @@ def test_train_cli_cascade_saves_a_planner_the_gateway_loads(tmp_path: Path) -> 
     assert artifact is not None and artifact.cascade is not None
     assert artifact.card["strategy"] == "cascade"
     card = artifact.card["cascade"]
-    assert card["strategy"] in ("planner", "plan_table") and set(card["validation_aiq"]) == {
-        "planner",
-        "plan_table",
-    }
+    strategies = {"planner", "myopic_planner", "plan_table"}
+    assert card["strategy"] in strategies and set(card["validation_aiq"]) == strategies
+    assert card["validation_aiq"][card["strategy"]] == max(card["validation_aiq"].values())
     assert type(artifact.cascade).__name__ == (
-        "CascadePlanner" if card["strategy"] == "planner" else "PlanTable"
+        "PlanTable" if card["strategy"] == "plan_table" else "CascadePlanner"
     )
+    # the myopic planner is the planner without its gain model
+    assert (getattr(artifact.cascade, "value", "") is None) == (card["strategy"] == "myopic_planner")
     refused = CliRunner().invoke(app, ["router", "train", "--format", "routerbench", "--train", str(RB)])
     assert refused.exit_code == 2 and "--strategy cascade" in refused.output
     no_answers = CliRunner().invoke(

@@ -2,21 +2,25 @@
 
 RouteLLM's GSM8K file records both Mixtral-8x7B's and GPT-4's answers, so the same planner that
 routes N workers replays here with N = 2: Mixtral answers first, and the planner's expected gain from
-also asking GPT-4 (router/planner.py, from the post-hoc estimate of Mixtral's answer: its form, its
-arithmetic re-done, the prior) decides the escalation. The planner escalates when gain > λ·price
-(GPT-4's price is the pool's highest, so 1), so sweeping λ is sweeping a threshold on the gain, and
-the curve is summarised by RouteLLM's APGR over the share of queries escalated; an escalation pays for
-both answers. Everything is cross-fitted (k folds: each query is planned by models — prior, post-hoc
+also asking GPT-4 decides the escalation. The planner escalates when gain > λ·price (GPT-4's price is
+the pool's highest, so 1), so sweeping λ is sweeping a threshold on the gain, and the curve is
+summarised by RouteLLM's APGR over the share of queries escalated; an escalation pays for both
+answers. Everything is cross-fitted (k folds: each query is planned by models — prior, post-hoc
 estimator, gain — that never saw it), so every one of the 1,319 questions is a held-out point.
 
+The gain comes in two forms (router/offline/planner_fit.py, ``FittedPlanners.myopic``): from the
+gain model (``planner``), or myopic, GPT-4's prior over the post-hoc estimate of Mixtral's answer
+(``myopic_planner``). ``cascade``, the live policy, is for each fold the one that a router trained
+on the other folds would choose — a nested choice (:func:`planner_escalation`), as
+``router train --strategy cascade`` chooses on its training files.
+
 Next to it, on the same queries and prices: the planner's post-hoc estimate used directly
-(``posthoc_threshold``: escalate when P(Mixtral's answer is right) is low; it ranks the answers
-better than the gain built on it), the previous acceptance model alone (FrugalGPT-style
-features, router/compose/acceptance.py), the fast router (the query alone, paying for one model),
-random routing, always-weak, always-strong, and two oracles (fast: knows which model is right;
-cascade: a perfect verifier). Costs per query: prompt tokens ≈ chars/4 at each model's input price,
-output tokens ≈ the recorded answer's chars/4 at its output price (Mixtral $0.24/$0.24, GPT-4-1106
-$10/$30 per 1M, SOURCE.md).
+(``posthoc_threshold``: escalate when P(Mixtral's answer is right) is low), the previous acceptance
+model alone (FrugalGPT-style features, router/compose/acceptance.py), the fast router (the query
+alone, paying for one model), random routing, always-weak, always-strong, and two oracles (fast:
+knows which model is right; cascade: a perfect verifier). Costs per query: prompt tokens ≈ chars/4
+at each model's input price, output tokens ≈ the recorded answer's chars/4 at its output price
+(Mixtral $0.24/$0.24, GPT-4-1106 $10/$30 per 1M, SOURCE.md).
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ import numpy as np
 from router.compose.acceptance import AcceptanceModel
 from router.offline.book import AnswerBook
 from router.offline.metrics import baselines, evaluate_router
-from router.offline.planner_fit import Recorded, fit_planner
+from router.offline.planner_fit import FittedPlanners, Recorded, fit_planner
 from router.offline.routellm import (
     GSM8K_FILE,
     PRICES_PER_M,
@@ -40,6 +44,7 @@ from router.offline.routellm import (
     load_gsm8k_answers,
 )
 from router.offline.split import cross_fit
+from router.planner import CascadePlanner
 
 
 def cross_fitted_acceptance(data: dict[str, Any], k: int = 5, seed: int = 0) -> np.ndarray:
@@ -90,12 +95,18 @@ def evaluate_gsm8k_cascade(
     accept = cross_fitted_acceptance(data, k, seed)
     priors = cross_fitted_fast(data, k, seed)
     fast = priors[:, 0]
-    gain, posthoc = planner_escalation(data, priors, k, seed)
+    escalation, policies = planner_escalation(data, priors, k, seed)
+    posthoc = escalation["posthoc"]
     from sklearn.metrics import roc_auc_score
 
+    def escalating(name: str, score: np.ndarray) -> dict:  # escalating pays for both answers
+        return evaluate_router(name, score, yw, ys, cw, cw + cs, bootstrap=bootstrap, seed=seed)
+
     results = {
-        # escalation = the "strong" choice, and it pays for both answers
-        "cascade": evaluate_router("cascade", gain, yw, ys, cw, cw + cs, bootstrap=bootstrap, seed=seed),
+        # the live policy: per fold, the planner chosen on the other folds (nested)
+        "cascade": escalating("cascade", escalation["cascade"]),
+        "planner": escalating("planner", escalation["planner"]),
+        "myopic_planner": escalating("myopic_planner", escalation["myopic_planner"]),
         "acceptance_model": evaluate_router(
             "acceptance_model", 1 - accept, yw, ys, cw, cw + cs, bootstrap=bootstrap, seed=seed
         ),
@@ -110,7 +121,14 @@ def evaluate_gsm8k_cascade(
         **baselines(yw, ys, cw, cs, random_state=seed),
     }
     strong_acc, strong_cost = float(ys.mean()), float(cs.mean())
-    for name in ("cascade", "posthoc_threshold", "acceptance_model", "fast_router"):
+    for name in (
+        "cascade",
+        "planner",
+        "myopic_planner",
+        "posthoc_threshold",
+        "acceptance_model",
+        "fast_router",
+    ):
         curve = results[name]["curve"]
         reaching = [p for p in curve if p["accuracy"] >= strong_acc - 1e-12]
         results[name]["cost_share_to_match_strong"] = (
@@ -124,6 +142,7 @@ def evaluate_gsm8k_cascade(
         "file": str(path),
         "queries": len(yw),
         "folds": k,
+        "cascade_policy_per_fold": policies,
         "weak": WEAK,
         "strong": STRONG,
         "prices_per_m": {m: list(PRICES_PER_M[WORKER_ALIASES[m]]) for m in (WEAK, STRONG)},
@@ -134,24 +153,59 @@ def evaluate_gsm8k_cascade(
     }
 
 
+def _escalation(planners: FittedPlanners, book: AnswerBook, log_odds: np.ndarray) -> dict[str, np.ndarray]:
+    """Per query, each by its fold's planner: the expected gain of asking GPT-4 once Mixtral has
+    answered, with the gain model (``planner``) and without it (``myopic_planner``), and the post-hoc
+    P(Mixtral's answer is right)."""
+    n = len(book)
+    out = {name: np.empty(n) for name in ("planner", "myopic_planner", "posthoc")}
+    for i in range(n):
+        planner = planners.for_row(i)
+        state = book.state(i, [0])
+        scores = planner.answer_scores(state, log_odds[i])
+        out["posthoc"][i] = scores[0]
+        out["planner"][i] = planner.call_values(state, scores, log_odds[i], [(1,)], [1])[0]
+        myopic = CascadePlanner(planner.posthoc, None)
+        out["myopic_planner"][i] = myopic.call_values(state, scores, log_odds[i], [(1,)], [1])[0]
+    return out
+
+
+def _apgr(score: np.ndarray, data: dict[str, Any], rows: np.ndarray) -> float:
+    yw, ys, cw, cs = (data[key][rows] for key in ("y_weak", "y_strong", "cost_weak", "cost_strong"))
+    return float(evaluate_router("inner", score, yw, ys, cw, cw + cs)["apgr"])
+
+
 def planner_escalation(
     data: dict[str, Any], priors: np.ndarray, k: int = 5, seed: int = 0
-) -> tuple[np.ndarray, np.ndarray]:
-    """Per query, cross-fitted: the planner's expected gain from asking GPT-4 once Mixtral has answered
-    (its escalation score), and the post-hoc P(Mixtral's answer is right)."""
+) -> tuple[dict[str, np.ndarray], list[str]]:
+    """Per query, cross-fitted: the escalation scores of :func:`_escalation`, plus ``cascade``: the
+    planner (with or without its gain model) that a router trained on the other folds would use.
+
+    That choice is nested, so no query's label picks the policy that plans it: for each fold, the
+    planner is refitted on the other folds alone and cross-fitted there, and the policy with the
+    higher APGR on those folds plans this one (as ``router train --strategy cascade`` chooses on the
+    training files). The query-only priors are cross-fitted over the whole file; on GSM8K they know
+    next to nothing (the fast router's AUC is about 0.5). Returns the scores and the policy per fold."""
     ds = gsm8k_dataset(data)
     assert ds.responses is not None
     book = AnswerBook(ds.texts, ds.responses)
     rec = Recorded.from_priors(book, priors, ds.labels)
     planners = fit_planner(rec, k=k, seed=seed)
-    gain, posthoc = np.empty(len(book)), np.empty(len(book))
-    for i in range(len(book)):
-        planner = planners.for_row(i)
-        state = book.state(i, [0])
-        scores = planner.answer_scores(state, rec.log_odds[i])
-        posthoc[i] = scores[0]
-        gain[i] = planner.call_values(state, scores, rec.log_odds[i], [(1,)], [1])[0]
-    return gain, posthoc
+    scores = _escalation(planners, book, rec.log_odds)
+    cascade, chosen = np.empty(len(book)), []
+    for f in range(k):
+        outer = np.flatnonzero(planners.fold_of == f)
+        inner = np.flatnonzero(planners.fold_of != f)
+        sub = ds.subset(inner)
+        assert sub.responses is not None
+        sub_book = AnswerBook(sub.texts, sub.responses)
+        sub_rec = Recorded(sub_book, rec.log_odds[inner], rec.labels[inner])
+        inner_scores = _escalation(fit_planner(sub_rec, k=k, seed=seed), sub_book, sub_rec.log_odds)
+        apgr = {name: _apgr(inner_scores[name], data, inner) for name in ("planner", "myopic_planner")}
+        chosen.append(max(apgr, key=lambda name: apgr[name]))
+        cascade[outer] = scores[chosen[-1]][outer]
+    scores["cascade"] = cascade
+    return scores, chosen
 
 
 def fit_and_save_acceptance(path: str | Path, out: str | Path, seed: int = 0) -> Path:

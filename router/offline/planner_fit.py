@@ -136,6 +136,19 @@ class FittedPlanners:
     def for_row(self, i: int) -> CascadePlanner:
         return self.by_fold[int(self.fold_of[i])]
 
+    def myopic(self) -> FittedPlanners:
+        """The same planners without their gain model: a call is worth the best prior in it over
+        the best answer held (router/planner.py, ``value=None``). Where the gain model's noise is
+        above what it learns (two workers, a query-only prior that knows little), this is the better
+        planner; which one a router uses is chosen on the training files (pool_cascade.py)."""
+
+        def strip(planner: CascadePlanner) -> CascadePlanner:
+            return CascadePlanner(
+                planner.posthoc, None, planner.max_calls, {**planner.card, "value": "myopic"}
+            )
+
+        return FittedPlanners(strip(self.final), self.fold_of, [strip(p) for p in self.by_fold])
+
 
 def fit_planner(
     rec: Recorded, *, k: int = 5, seed: int = 0, progress: Callable[[str], None] | None = None

@@ -53,6 +53,7 @@ from router.offline.pool import (
 from router.offline.replay import Replay, agreement_rule, replay
 from router.offline.split import cross_fit
 from router.plan_table import PlanTable
+from router.planner import CascadePlanner
 
 FOLDS = 5
 DECISION = (
@@ -113,14 +114,20 @@ def _operating(run: Replay, target: float, budget: float) -> tuple[int, str]:
 
 @dataclass
 class Strategies:
-    """The planner and the plan table replayed on the training files, each question planned by fold
-    models that never saw it, and the one with the higher AIQ there (``chosen``)."""
+    """The answer-aware strategies replayed on the training files, each question planned by fold
+    models that never saw it, and the one with the highest AIQ there (``chosen``)."""
 
     rows: np.ndarray  # the training rows replayed (every worker's label and cost recorded)
     held: dict[str, Replay]
     aiq: dict[str, float]
-    table: PlanTable  # fitted on every training row
+    final: dict[str, CascadePlanner | PlanTable]  # each fitted on every training row
     chosen: str
+
+    @property
+    def table(self) -> PlanTable:
+        table = self.final["plan_table"]
+        assert isinstance(table, PlanTable)
+        return table
 
 
 def compare_strategies(
@@ -135,17 +142,20 @@ def compare_strategies(
     seed: int,
     say: Callable[[str], None],
 ) -> Strategies:
-    """Which answer-aware strategy a trained router should use: both are cross-fitted on the training
-    files and replayed at every λ; the higher AIQ (up to the dearest worker's mean cost) wins."""
+    """Which answer-aware strategy a trained router should use — the planner with its gain model,
+    the same planner myopic (no gain model), or the plan table: each is cross-fitted on the training
+    files and replayed at every λ; the highest AIQ (up to the dearest worker's mean cost) wins."""
     rows = np.flatnonzero(~(np.isnan(Y).any(axis=1) | np.isnan(C).any(axis=1)))
-    say("validation: replaying the training files with the fold planners")
-    held = {"planner": replay(planners.for_row, book, rows, rec.log_odds, cost_cf, C, Y, lambdas)}
     tables = cross_fit_tables(book, Y, C, workers, k=FOLDS, seed=seed, progress=say)
-    say("validation: replaying the training files with the fold plan tables")
-    held["plan_table"] = replay(tables.for_row, book, rows, rec.log_odds, cost_cf, C, Y, lambdas)
+    fitted = {"planner": planners, "myopic_planner": planners.myopic(), "plan_table": tables}
+    held = {}
+    for name, strategy in fitted.items():
+        say(f"validation: replaying the training files with the fold models of the {name.replace('_', ' ')}")
+        held[name] = replay(strategy.for_row, book, rows, rec.log_odds, cost_cf, C, Y, lambdas)
     dearest = float(C[rows].mean(axis=0).max())
     scores = {name: replay_aiq(run, dearest) for name, run in held.items()}
-    return Strategies(rows, held, scores, tables.final, max(scores, key=lambda name: scores[name]))
+    final = {name: strategy.final for name, strategy in fitted.items()}
+    return Strategies(rows, held, scores, final, max(scores, key=lambda name: scores[name]))
 
 
 def replay_aiq(run: Replay, max_cost: float) -> float:
@@ -235,7 +245,8 @@ def evaluate_cascade(
     strategies = compare_strategies(
         book_train, rec, planners, cost_cf, Y, C, train.workers, lambdas, seed, say
     )
-    complete, helds, table, chosen = strategies.rows, strategies.held, strategies.table, strategies.chosen
+    complete, helds, chosen = strategies.rows, strategies.held, strategies.chosen
+    table = strategies.table
     validation_aiq = strategies.aiq
     best, _ = best_and_cheapest(train)
     target, budget = float(Y[complete, best].mean()), float(C[complete, best].mean())
@@ -259,16 +270,19 @@ def evaluate_cascade(
     runs = {"planner": on_test(planners.final)}
     planner_steps = runs["planner"].rounds.sum() + runs["planner"].rounds.size
     per_query_ms = 1000 * (time.perf_counter() - replay_started) / max(1, planner_steps)
-    runs["plan_table"] = on_test(table)
+    for name, final in strategies.final.items():
+        if name not in runs:
+            runs[name] = on_test(final)
     points = {name: _operating(helds[name], target, budget) for name in runs}
     for name, run in runs.items():
         at, how = points[name]
         routers[name] = _cascade_router(name, run, helds[name], at, how, len(complete), test, data)
         routers[name]["validation_aiq"] = round(validation_aiq[name], 4)
     ours = {**routers[chosen], "name": "ours", "chosen": chosen}
+    others = ", ".join(f"{name} {value:.4f}" for name, value in validation_aiq.items() if name != chosen)
     ours["chosen_because"] = (
-        f"higher AIQ on the cross-fitted replay of the training files ({validation_aiq[chosen]:.4f} "
-        f"against {min(validation_aiq.values()):.4f})"
+        f"the highest AIQ on the cross-fitted replay of the training files ({validation_aiq[chosen]:.4f}; "
+        f"{others})"
     )
     run, (at, _) = runs[chosen], points[chosen]
     voters = _rule_voters(train, best)
@@ -285,20 +299,20 @@ def evaluate_cascade(
     )
     singles = single_workers(data)
     max_cost = score_aiq(routers, singles)
-    for name in ("ours", "single", "planner", "plan_table"):
+    for name in ("ours", "single", *runs):
         routers[name].update(goal_metrics(routers[name], routers["best_single"]))
     say("paired bootstrap of the AIQ differences")
     per_query = {
         "ours": PerQuery(run.score, run.cost),
-        "planner": PerQuery(runs["planner"].score, runs["planner"].cost),
-        "plan_table": PerQuery(runs["plan_table"].score, runs["plan_table"].cost),
+        **{name: PerQuery(r.score, r.cost) for name, r in runs.items()},
         "single": PerQuery.from_choices(single_choices, test.labels, data.test_costs),
         "knn": PerQuery.from_choices(route(knn_q, predicted_cost, lambdas), test.labels, data.test_costs),
     }
     samples = resampled_aiq(per_query, max_cost, seed=seed)
     for name, drawn in samples.items():
         routers[name]["aiq_interval"] = interval(drawn)
-    pairs = [("ours", "knn"), ("ours", "single"), ("plan_table", "planner"), ("single", "knn")]
+    pairs = [("ours", "knn"), ("ours", "single"), ("plan_table", "planner"), ("planner", "myopic_planner")]
+    pairs.append(("single", "knn"))
     groups = np.array(test.groups)
     per_task = {}
     for group in sorted(set(test.groups)):
@@ -394,10 +408,9 @@ def train_cascade(
             + ", ".join(f"{name} AIQ {value:.4f}" for name, value in found.aiq.items())
             + f" on the cross-fitted training replay: {found.chosen}"
         )
-        if found.chosen == "plan_table":
-            artifact.cascade = found.table
+        artifact.cascade = found.final[found.chosen]
         artifact.card["cascade"] = {
-            **(found.table.card if found.chosen == "plan_table" else planners.final.card),
+            **found.final[found.chosen].card,
             "strategy": found.chosen,
             "validation_aiq": {name: round(value, 4) for name, value in found.aiq.items()},
         }

@@ -116,7 +116,7 @@ def print_pool_summary(report: dict, console: Any) -> None:
     for name, s in sorted(report["singles"].items(), key=lambda kv: kv[1]["cost_usd"]):
         table.add_row(name, f"{s['accuracy']:.3f}", f"{1000 * s['cost_usd']:.4f}", f"{s['aiq']:.4f}", "")
     names = ("random", "cheapest", "best_single", "agreement_rule", "knn", "single", "oracle")
-    for name in (*names, "planner", "plan_table", "ours"):
+    for name in (*names, "planner", "myopic_planner", "plan_table", "ours"):
         r = report["routers"].get(name)
         if r is None:
             continue
@@ -169,6 +169,8 @@ def print_cascade_table(report: dict, console: Any) -> None:
     strong_cost = report["results"]["always_strong"]["cost_usd"]
     for name in (
         "cascade",
+        "planner",
+        "myopic_planner",
         "posthoc_threshold",
         "acceptance_model",
         "fast_router",
@@ -176,7 +178,9 @@ def print_cascade_table(report: dict, console: Any) -> None:
         "random",
         "oracle",
     ):
-        r = report["results"][name]
+        r = report["results"].get(name)
+        if r is None:  # a report written before the row existed
+            continue
         ci = r.get("apgr_ci95")
         table.add_row(
             name,
