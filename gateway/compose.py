@@ -334,6 +334,22 @@ def _code_keys(settings):
     return behaviour_keys_async
 
 
+def _text_keys(settings):
+    """Meaning keys for free-text answers (router/text_agreement.py), embedded off the event loop
+    with the retrieval embedder (one model per process)."""
+    if not settings.plan_text_agreement:
+        return None
+    from retrieval.embed import shared_embedder
+    from router.text_agreement import embed_and_key
+
+    embedder = shared_embedder(settings.retrieval_embedder)
+
+    async def keys(texts):
+        return await asyncio.to_thread(embed_and_key, texts, embedder.encode, settings.plan_text_similarity)
+
+    return keys
+
+
 def workflow_for(state, composition: Composition, chat: ChatCompletionRequest):
     settings, metadata = state.settings, chat.metadata or {}
     if composition.workflow == "plan":
@@ -343,6 +359,7 @@ def workflow_for(state, composition: Composition, chat: ChatCompletionRequest):
             composition.costs,
             composition.latency_weight,
             code_keys=_code_keys(settings),
+            text_keys=_text_keys(settings),
         )
     if composition.workflow == "cascade":
         return Cascade(_verifier(state, composition.pool, chat), depth=settings.compose_depth)

@@ -105,6 +105,14 @@ class Settings(BaseModel):
     plan_code_exec: bool = Field(
         False, description="a plan compares code answers by running them (isolated subprocess, timeout)"
     )
+    plan_text_agreement: bool = Field(
+        True,
+        description="a plan compares free-text answers by meaning (sentence embeddings with the "
+        "retrieval embedder, off the event loop); false: free text agrees with nobody",
+    )
+    plan_text_similarity: float = Field(
+        0.80, gt=0, le=1, description="cosine at which two free-text answers of a plan agree"
+    )
     router_dir: Path | None = Field(
         None, description="None: <data_dir>/router (models from `polyroute router train`)"
     )

@@ -88,16 +88,20 @@ def read_answers(
     kind: Kind | None = None,
     code_keys: Sequence[str | None] | None = None,
     assert_pass: Sequence[float | None] | None = None,
+    text_keys: Sequence[str | None] | None = None,
 ) -> Answers:
     """Kind, keys, form and checks of ``texts`` (the answers to ``query`` obtained so far).
 
     ``code_keys``/``assert_pass`` come from running the code (router/code_behaviour.py), which the
     caller does because it needs a subprocess; without them code is compared by its canonical source.
-    Free text has no key: it agrees with nobody (comparing it by embedding is not built yet).
+    ``text_keys`` compare free text by meaning (router/text_agreement.py: it needs the embedding
+    model, so the caller runs it); without them free text has no key and agrees with nobody.
     """
     kind = kind or detect_kind(query, texts)
     if kind is Kind.CODE and code_keys is not None:
         keys: list[str | None] = list(code_keys)
+    elif kind is Kind.TEXT and text_keys is not None:
+        keys = list(text_keys)
     else:
         letters = choice_letters(query)
         keys = [answer_key(t, kind, letters) for t in texts]

@@ -45,9 +45,10 @@ def gw(upstream, trained, table, tmp_path_factory):  # noqa: F811
     gateway.server.stop()
 
 
-def walk(gw: Gateway, texts: dict[str, str], cost_weight: float) -> list[list[str]]:
-    """The plan the table makes for QUESTION from the priors and predicted costs the gateway uses,
-    placing its workers by name as the gateway does: the oracle the live plan must match."""
+def walk(gw: Gateway, texts: dict[str, str], cost_weight: float, question: str = QUESTION) -> list[list[str]]:
+    """The plan the table makes for ``question`` from the priors and predicted costs the gateway uses,
+    placing its workers by name as the gateway does: the oracle the live plan must match (free text
+    compared without meaning keys: only its first round is an oracle)."""
     from gateway.schemas import ChatCompletionRequest
     from router import RouteRequest
     from router.evidence import logit, read_answers
@@ -55,9 +56,9 @@ def walk(gw: Gateway, texts: dict[str, str], cost_weight: float) -> list[list[st
 
     router = gw.state.router.current
     chat = ChatCompletionRequest.model_validate(
-        {"model": "auto", "messages": [{"role": "user", "content": QUESTION}], "max_tokens": 20}
+        {"model": "auto", "messages": [{"role": "user", "content": question}], "max_tokens": 20}
     )
-    route = RouteRequest(chat.prompt_chars(), chat.output_budget(), text=QUESTION, cost_weight=cost_weight)
+    route = RouteRequest(chat.prompt_chars(), chat.output_budget(), text=question, cost_weight=cost_weight)
     pool = list(router.route(route, tuple(gw.state.catalog.get(w) for w in WORKERS)).workers)
     names = [w.name for w in pool]
     estimates = router.estimates(route, pool)
@@ -65,9 +66,9 @@ def walk(gw: Gateway, texts: dict[str, str], cost_weight: float) -> list[list[st
     called: list[int] = []
     rounds: list[list[str]] = []
     while True:
-        read = read_answers(QUESTION, [texts[names[k]] for k in called]) if called else None
+        read = read_answers(question, [texts[names[k]] for k in called]) if called else None
         decision = router.planner.decide(
-            State.of(QUESTION, called, read), log_odds, costs, cost_weight, names=names
+            State.of(question, called, read), log_odds, costs, cost_weight, names=names
         )
         if not decision.call:
             return rounds
@@ -75,9 +76,9 @@ def walk(gw: Gateway, texts: dict[str, str], cost_weight: float) -> list[list[st
         called.extend(decision.call)
 
 
-def pick(gw: Gateway, texts: dict[str, str], wanted) -> tuple[float, list]:
+def pick(gw: Gateway, texts: dict[str, str], wanted, question: str = QUESTION) -> tuple[float, list]:
     for cost_weight in LAMBDAS:
-        rounds = walk(gw, texts, cost_weight)
+        rounds = walk(gw, texts, cost_weight, question)
         if wanted(rounds):
             return cost_weight, rounds
     pytest.fail(f"the table makes no such plan at any λ of {LAMBDAS}")
@@ -126,3 +127,50 @@ def test_a_failing_voter_is_dropped_and_the_plan_still_answers(gw, upstream):
     assert answer.status_code == 200, answer.text
     assert answer.headers["x-polyroute-worker"] != failing
     assert answered(upstream)[failing] == 1  # asked once, then out of the plan
+
+
+# ---- free text, compared by meaning ----------------------------------------------------------------
+FREE_TEXT = "Explain in one or two sentences what the mitochondria does in a cell."
+SAYS_ATP = "The mitochondria produces most of the cell's energy in the form of ATP."
+SAYS_ATP_TOO = "Most of a cell's ATP, its energy currency, is made by the mitochondria."
+SAYS_DNA = "The mitochondria stores the genetic information of the cell as DNA in its nucleus."
+
+
+def free_text_plan(gw: Gateway, upstream, voters_say: tuple[str, str]):
+    """Ask FREE_TEXT at the first λ where the table asks two voters, they answering ``voters_say``
+    and the fallback SAYS_DNA; (the answer, its rounds)."""
+    probe = dict.fromkeys(WORKERS, SAYS_DNA)
+    cost_weight, expected = pick(gw, probe, two_voters, FREE_TEXT)
+    texts = dict(probe)
+    for voter, said in zip(expected[0], voters_say, strict=True):
+        texts[voter] = said
+    behave_all(upstream, texts)
+    answer = ask(gw, cost_weight=cost_weight, content=FREE_TEXT, max_tokens=60)
+    assert answer.status_code == 200, answer.text
+    rounds = header_steps(answer)
+    assert rounds[0] == expected[0]
+    return answer, rounds
+
+
+@pytest.mark.slow
+def test_free_text_voters_that_say_the_same_in_other_words_agree(gw, upstream):
+    """Loads MiniLM (the retrieval embedder) for the meaning keys."""
+    answer, rounds = free_text_plan(gw, upstream, (SAYS_ATP, SAYS_ATP_TOO))
+    assert len(rounds) == 1 and sum(answered(upstream).values()) == 2
+    assert answer.json()["choices"][0]["message"]["content"] in (SAYS_ATP, SAYS_ATP_TOO)
+
+
+@pytest.mark.slow
+def test_free_text_voters_that_say_different_things_ask_the_fallback(gw, upstream):
+    answer, rounds = free_text_plan(gw, upstream, (SAYS_ATP, SAYS_DNA))
+    assert len(rounds) == 2 and answer.json()["choices"][0]["message"]["content"] == SAYS_DNA
+
+
+def test_without_meaning_keys_free_text_agrees_with_nobody(upstream, trained, table, tmp_path):  # noqa: F811
+    _, artifact = trained
+    plain = planned_gateway(upstream, tmp_path, with_planner(artifact, table), plan_text_agreement=False)
+    try:
+        answer, rounds = free_text_plan(plain, upstream, (SAYS_ATP, SAYS_ATP))
+        assert len(rounds) == 2  # even word-for-word the same free text: the fallback settles it
+    finally:
+        plain.server.stop()

@@ -27,6 +27,7 @@ from router.planner import CascadePlanner, Decision, State
 log = logging.getLogger("polyroute.compose")
 
 CodeKeys = Callable[[str, Sequence[str]], Awaitable[tuple[Sequence[str | None], Sequence[float | None]]]]
+TextKeys = Callable[[Sequence[str]], Awaitable[Sequence[str | None]]]
 
 
 def _plural(n: int, word: str) -> str:
@@ -40,7 +41,8 @@ class Planned:
     predicted USD) are aligned with ``run.pool``; ``latency_weight`` (μ) is what one more round trip
     costs in quality units (μ > 0 lets the planner call two workers in the same round);
     ``code_keys`` (async ``(query, texts) -> (keys, assert_pass)``) compares code answers by
-    behaviour, None by canonical source."""
+    behaviour, None by canonical source; ``text_keys`` (async ``texts -> keys``,
+    router/text_agreement.py) compares free-text answers by meaning, None: they agree with nobody."""
 
     name = "plan"
 
@@ -52,6 +54,7 @@ class Planned:
         latency_weight: float = 0.0,
         code_keys: CodeKeys | None = None,
         parallel: int = 2,
+        text_keys: TextKeys | None = None,
     ) -> None:
         if len(log_odds) != len(costs):
             raise ValueError(f"{len(log_odds)} priors but {len(costs)} costs")
@@ -62,6 +65,7 @@ class Planned:
         self.costs = [float(c) for c in costs]
         self.latency_weight = float(latency_weight)
         self.code_keys = code_keys
+        self.text_keys = text_keys
         self.parallel = parallel
 
     async def read(self, question: str, texts: Sequence[str]) -> Answers:
@@ -73,6 +77,13 @@ class Planned:
                 return read_answers(question, texts, kind=kind, code_keys=keys, assert_pass=passes)
             except Exception:  # running the code is evidence, not a requirement
                 log.warning("comparing code answers by behaviour failed; by source instead", exc_info=True)
+        if kind is Kind.TEXT and self.text_keys is not None:
+            try:
+                return read_answers(question, texts, kind=kind, text_keys=await self.text_keys(list(texts)))
+            except Exception:  # so is comparing by meaning: without it free text agrees with nobody
+                log.warning(
+                    "comparing free-text answers by meaning failed; they agree with nobody", exc_info=True
+                )
         return read_answers(question, texts, kind=kind)
 
     def decide(self, state: State, run: Run, allowed: Sequence[bool]) -> Decision:

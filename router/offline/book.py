@@ -16,9 +16,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from router.answers import Kind, answer_key, choice_letters, detect_kind
 from router.evidence import Answers, assemble
 from router.planner import State
+from router.text_agreement import MAX_CHARS, Embed, text_keys
 
 
 @dataclass
@@ -28,6 +31,9 @@ class AnswerBook:
     queries: Sequence[str]
     texts: Sequence[Sequence[str]]
     behaviour: dict[int, object] = field(default_factory=dict)  # query → code runs (see code_runs)
+    # free text compared by meaning (router/text_agreement.py) when given; else it agrees with nobody
+    embed: Embed | None = None
+    _vectors: dict[tuple[int, int], np.ndarray] = field(default_factory=dict, repr=False)
     _keys: dict[tuple[int, int, Kind], str | None] = field(default_factory=dict, repr=False)
     _kinds: dict[tuple[int, tuple[int, ...]], Kind] = field(default_factory=dict, repr=False)
     _letters: dict[int, str] = field(default_factory=dict, repr=False)
@@ -57,6 +63,16 @@ class AnswerBook:
         """The plan's state for query ``i`` after calling ``called`` (in order)."""
         return State.of(self.queries[i], called, self.read(i, called) if called else None)
 
+    def _text_vectors(self, i: int, members: Sequence[int]) -> np.ndarray:
+        """The embeddings of query i's answers by ``members``, each embedded once (all of the query's
+        answers in one batch on first use)."""
+        if (i, members[0]) not in self._vectors:
+            assert self.embed is not None
+            every = list(range(len(self.texts[i])))
+            found = self.embed([self.texts[i][j][:MAX_CHARS] for j in every])
+            self._vectors.update({(i, j): found[j] for j in every})
+        return np.stack([self._vectors[(i, j)] for j in members])
+
     def read(self, i: int, members: Sequence[int]) -> Answers:
         """The answers of workers ``members`` (in that order) to query ``i``, as the planner sees them."""
         kind = self.kind(i, members)
@@ -65,4 +81,6 @@ class AnswerBook:
         if kind is Kind.CODE and runs is not None:
             keys, passes = runs.keys(members)  # type: ignore[attr-defined]
             return assemble(self.queries[i], texts, kind, keys, passes)
+        if kind is Kind.TEXT and self.embed is not None:
+            return assemble(self.queries[i], texts, kind, text_keys(texts, self._text_vectors(i, members)))
         return assemble(self.queries[i], texts, kind, [self.key(i, j, kind) for j in members])
