@@ -6,11 +6,16 @@ fits, all cross-fitted (router/offline/planner_fit.py):
 * the query-only quality model (``--model``, today's fast router): the planner's priors, and on its
   own the ``single`` router of the report;
 * the cost model, whose predictions the planner decides with;
-* the post-hoc estimator and the value model of router/planner.py.
+* the post-hoc estimator and the value model of router/planner.py, and the plan table
+  (router/offline/plan_table_fit.py).
 
-It then replays the plans on the test files at every λ (router/offline/replay.py), charging each
-query for every worker its plan called, and reports them as ``ours`` next to ``single``, the
-baselines of router/offline/pool.py and the fixed agreement rule. The operating λ is chosen on the
+Three answer-aware strategies come out of them — the planner, the same planner myopic (no value
+model) and the plan table — and the one whose cross-fitted replay of the training files has the
+highest AIQ is ``ours`` (:func:`compare_strategies`, the same choice `router train --strategy
+cascade` makes). It then replays the plans on the test files at every λ (router/offline/replay.py),
+charging each query for every worker its plan called, and reports ``ours`` and all three next to
+``single``, the baselines of router/offline/pool.py and the fixed agreement rule, with paired
+bootstrap intervals of the AIQ differences (router/offline/intervals.py). The operating λ is chosen on the
 cross-fitted replay of the *training* files (each query planned by models that never saw it): the
 cheapest λ whose validation accuracy reaches the best single worker's.
 
@@ -311,8 +316,13 @@ def evaluate_cascade(
     samples = resampled_aiq(per_query, max_cost, seed=seed)
     for name, drawn in samples.items():
         routers[name]["aiq_interval"] = interval(drawn)
-    pairs = [("ours", "knn"), ("ours", "single"), ("plan_table", "planner"), ("planner", "myopic_planner")]
-    pairs.append(("single", "knn"))
+    pairs = [
+        ("ours", "knn"),
+        ("ours", "single"),
+        ("plan_table", "planner"),
+        ("planner", "myopic_planner"),
+        ("single", "knn"),
+    ]
     groups = np.array(test.groups)
     per_task = {}
     for group in sorted(set(test.groups)):
