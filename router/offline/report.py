@@ -166,18 +166,10 @@ def print_cascade_table(report: dict, console: Any) -> None:
     from rich.table import Table
 
     table = Table("router", "APGR", "95% CI", "strong share for 80% of gap", "cost there / always-strong")
+    from router.offline.cascade import LEARNED
+
     strong_cost = report["results"]["always_strong"]["cost_usd"]
-    for name in (
-        "cascade",
-        "planner",
-        "myopic_planner",
-        "posthoc_threshold",
-        "acceptance_model",
-        "fast_router",
-        "cascade_oracle",
-        "random",
-        "oracle",
-    ):
+    for name in (*LEARNED, "cascade_oracle", "random", "oracle"):
         r = report["results"].get(name)
         if r is None:  # a report written before the row existed
             continue
