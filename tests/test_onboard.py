@@ -174,3 +174,33 @@ def test_eval_onboard_needs_files_and_enough_probes(tmp_path):
     args = ["router", "eval", "--format", "routerbench", *_split(tmp_path)]
     result = CliRunner().invoke(app, [*args, "--onboard", "frontier-xl", "--probes", "2", "--out", "r.json"])
     assert result.exit_code == 2 and "at least 5" in result.output
+
+
+def test_the_onboarding_table_prints_when_the_ratio_is_undefined_on_every_resample():
+    """full − without of exactly 0 on every resample leaves no interval for gain_recovered (null in
+    the JSON): the table says n/a and prints no interval, rather than failing after the job ran."""
+    import io
+
+    from rich.console import Console
+
+    from router.offline.report import print_onboarding
+
+    aiq = {"ours": 0.8, "full": 0.8, "without": 0.8}
+    report = {
+        "n_test": 10,
+        "onboarding": {
+            "worker": "w",
+            "probes": 5,
+            "repeats": 1,
+            "aiq": aiq,
+            "gain_recovered": None,
+            "gain_recovered_interval": [None, None],
+            "full_minus_without_interval": [0.0, 0.0],
+            "interval_method": "paired bootstrap",
+            "formula": "(ours - without) / (full - without)",
+            "draws": [{"gain_recovered": None}],
+        },
+    }
+    out = io.StringIO()
+    print_onboarding(report, Console(file=out, width=200))
+    assert "gain_recovered = n/a" in out.getvalue() and "95% interval" not in out.getvalue()

@@ -210,7 +210,7 @@ def print_onboarding(report: dict, console: Any) -> None:
         f"gain_recovered = {'n/a' if gain is None else f'{gain:.2f}'} (per draw: {draws}); {ob['formula']}"
     )
     band, span = ob.get("gain_recovered_interval"), ob.get("full_minus_without_interval")
-    if band and span:
+    if band and span and None not in (*band, *span):  # None: the ratio was undefined on every resample
         console.print(
             f"95% interval of gain_recovered: {band[0]:.2f} to {band[1]:.2f}; of full − without: "
             f"{span[0]:+.4f} to {span[1]:+.4f} ({ob['interval_method']})"
