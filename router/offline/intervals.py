@@ -9,8 +9,8 @@ The bootstrap is *paired*: each draw resamples the test queries once, with repla
 router is scored on that same resample, so what the routers share (hard queries, a dear task) cancels
 in their difference. A router's outcome per (λ, query) — the score of the answer it returned and the
 cost it paid — is all that is needed: the curve of a resample is the mean over its queries at each λ,
-scored by :func:`router.offline.metrics.aiq` on the report's own cost axis, points dearer than it left
-out as in :func:`router.offline.pool.score_aiq`.
+scored by :func:`router.offline.metrics.aiq_within` on the report's own cost axis, as
+:func:`router.offline.pool.score_aiq` scores the full curves.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from router.offline.metrics import aiq
+from router.offline.metrics import aiq_within
 
 DRAWS = 1000
 CONFIDENCE = 0.95
@@ -56,9 +56,7 @@ class PerQuery:
 
 def curve_aiq(score: np.ndarray, cost: np.ndarray, max_cost: float) -> float:
     """AIQ of the λ curve of mean ``score``/``cost`` per λ, points dearer than ``max_cost`` left out."""
-    points = np.c_[cost, score]
-    within = points[points[:, 0] <= max_cost * (1 + 1e-9)]
-    return aiq(within, max_cost) if len(within) else 0.0
+    return aiq_within(np.c_[cost, score], max_cost)
 
 
 def resampled_aiq(

@@ -335,6 +335,15 @@ def aiq(points: np.ndarray, max_cost: float) -> float:
     return float(np.trapezoid(ys, xs) / max_cost)
 
 
+def aiq_within(points: np.ndarray, max_cost: float) -> float:
+    """:func:`aiq` on the axis ending at ``max_cost``, points dearer than it left out (a cascade can
+    pay for several answers and spend more than any single worker; it is credited nothing for it);
+    0 when no point is within."""
+    points = np.asarray(points, dtype=float).reshape(-1, 2)
+    within = points[points[:, 0] <= max_cost * (1 + 1e-9)]
+    return aiq(within, max_cost) if len(within) else 0.0
+
+
 def route(quality: np.ndarray, cost: np.ndarray, lambdas: Sequence[float]) -> np.ndarray:
     """Chosen worker per (λ, query): ``[len(lambdas), n]`` indices, by :func:`router.decide.choose_many`."""
     return np.stack([choose_many(quality, cost, float(lam)) for lam in lambdas])

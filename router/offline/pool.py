@@ -31,6 +31,7 @@ from router.costs import CostModel
 from router.offline.dataset import RoutingDataset
 from router.offline.metrics import (
     aiq,
+    aiq_within,
     best_accuracy_within,
     cheapest_reaching,
     cost_accuracy,
@@ -252,9 +253,7 @@ def score_aiq(routers: dict[str, dict], singles: dict[str, dict]) -> float:
     spending more than any single model earns a cascade nothing and moves nobody else's AIQ."""
     max_cost = max(s["cost_usd"] for s in singles.values())
     for r in routers.values():
-        points = cost_accuracy(r["curve"])
-        within = points[points[:, 0] <= max_cost * (1 + 1e-9)]
-        r["aiq"] = aiq(within, max_cost) if len(within) else 0.0
+        r["aiq"] = aiq_within(cost_accuracy(r["curve"]), max_cost)
     for s in singles.values():
         s["aiq"] = aiq(np.array([[s["cost_usd"], s["accuracy"]]]), max_cost)
     return max_cost

@@ -38,7 +38,7 @@ from router.offline.book import AnswerBook
 from router.offline.code_runs import code_runs_for
 from router.offline.dataset import RoutingDataset
 from router.offline.intervals import METHOD, PerQuery, differences, interval, resampled_aiq
-from router.offline.metrics import DEFAULT_LAMBDAS, aiq, lambda_curve, route
+from router.offline.metrics import DEFAULT_LAMBDAS, aiq_within, lambda_curve, route
 from router.offline.plan_table_fit import cross_fit_tables
 from router.offline.planner_fit import FittedPlanners, Recorded, fit_planner
 from router.offline.pool import (
@@ -165,9 +165,7 @@ def compare_strategies(
 
 def replay_aiq(run: Replay, max_cost: float) -> float:
     """AIQ of a replay's λ curve up to ``max_cost`` (points dearer than it left out, as score_aiq does)."""
-    points = np.c_[run.mean_cost(), run.accuracy()]
-    within = points[points[:, 0] <= max_cost * (1 + 1e-9)]
-    return aiq(within, max_cost) if len(within) else 0.0
+    return aiq_within(np.c_[run.mean_cost(), run.accuracy()], max_cost)
 
 
 def _cascade_router(
