@@ -44,7 +44,6 @@ from router.offline.routellm import (
     load_gsm8k_answers,
 )
 from router.offline.split import cross_fit
-from router.planner import CascadePlanner
 
 # The rows that learn something, in the order the table prints them (the oracles and baselines follow).
 LEARNED = ("cascade", "planner", "myopic_planner", "posthoc_threshold", "acceptance_model", "fast_router")
@@ -154,15 +153,14 @@ def _escalation(planners: FittedPlanners, book: AnswerBook, log_odds: np.ndarray
     answered, with the gain model (``planner``) and without it (``myopic_planner``), and the post-hoc
     P(Mixtral's answer is right)."""
     n = len(book)
+    myopic = planners.myopic()
     out = {name: np.empty(n) for name in ("planner", "myopic_planner", "posthoc")}
     for i in range(n):
-        planner = planners.for_row(i)
         state = book.state(i, [0])
-        scores = planner.answer_scores(state, log_odds[i])
+        scores = planners.for_row(i).answer_scores(state, log_odds[i])
         out["posthoc"][i] = scores[0]
-        out["planner"][i] = planner.call_values(state, scores, log_odds[i], [(1,)], [1])[0]
-        myopic = CascadePlanner(planner.posthoc, None)
-        out["myopic_planner"][i] = myopic.call_values(state, scores, log_odds[i], [(1,)], [1])[0]
+        for name, fitted in (("planner", planners), ("myopic_planner", myopic)):
+            out[name][i] = fitted.for_row(i).call_values(state, scores, log_odds[i], [(1,)], [1])[0]
     return out
 
 
