@@ -88,11 +88,12 @@ def evaluate_onboarding(
 
     per_query: dict[str, PerQuery] = {}  # for the bootstrap interval of gain_recovered
 
-    def router(name: str, quality: np.ndarray, cost: np.ndarray, columns: Sequence[int]) -> dict:
+    def router(
+        name: str, quality: np.ndarray, cost: np.ndarray, columns: Sequence[int], key: str | None = None
+    ) -> dict:
+        """The swept router, its outcome per query kept under ``key`` (default: ``name``)."""
         result, choices = swept_router(name, quality, cost, data.test, lambdas, columns)
-        per_query[f"draw{len(draws)}" if name == "ours" else name] = PerQuery.from_choices(
-            choices, data.test.labels, data.test_costs
-        )
+        per_query[key or name] = PerQuery.from_choices(choices, data.test.labels, data.test_costs)
         return result
 
     say(f"fitting the full router ({model}, every label) and the one without {worker}")
@@ -102,11 +103,11 @@ def evaluate_onboarding(
     known_cost = full_cost[:, others]  # the cost model is per worker: the same without WORKER
     without_q = np.zeros_like(full_q)
     without_q[:, others] = known_q  # a router that never saw WORKER: the representation ours builds on
-    draws: list[dict] = []
     routers = {
         "full": router("full", full_q, full_cost, every),
         "without": router("without", without_q, full_cost, others),
     }
+    draws: list[dict] = []
     for r in range(repeats):
         rng = np.random.default_rng(seed + r)
         rows = np.sort(rng.choice(labelled, size=probes, replace=False))
@@ -126,7 +127,7 @@ def evaluate_onboarding(
         draws.append(
             {
                 "seed": seed + r,
-                "router": router("ours", quality, cost, every),
+                "router": router("ours", quality, cost, every, key=f"draw{r}"),
                 "vector": dict(
                     zip([data.workers[j] for j in others], np.round(beta, 4).tolist(), strict=True)
                 ),
