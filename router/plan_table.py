@@ -97,7 +97,7 @@ class PlanTable:
         memo: dict | None = None,
         names: Sequence[str] | None = None,
     ) -> Decision:
-        """The next action for ``state`` (same contract as CascadePlanner.decide): pick the best plan
+        """The next action for ``state`` (the :class:`~router.planner.Plans` contract): pick the best plan
         whose workers are admissible or already asked, then call its voters, then its fallback when
         they disagree, then stop. ``parallel`` and ``memo`` are accepted for the interface: a plan's
         voters are always asked together, and nothing here is worth memoising."""

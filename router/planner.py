@@ -28,7 +28,7 @@ import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -175,6 +175,29 @@ class Decision:
     answer: int | None
     reason: str
     scores: tuple[float, ...] = ()  # post-hoc P(right) of each answer held
+
+
+class Plans(Protocol):
+    """What runs a plan: :class:`CascadePlanner` or a plan table (router/plan_table.py). The
+    gateway's plan workflow (router/compose/planned.py) and the replay (router/offline/replay.py)
+    need only this."""
+
+    max_calls: int
+    card: dict[str, Any]
+
+    def decide(
+        self,
+        state: State,
+        log_odds: Sequence[float],
+        costs: Sequence[float],
+        cost_weight: float,
+        *,
+        latency_weight: float = 0.0,
+        parallel: int = 2,
+        allowed: Sequence[bool] | None = None,
+        memo: dict | None = None,
+        names: Sequence[str] | None = None,
+    ) -> Decision: ...
 
 
 @dataclass

@@ -22,7 +22,7 @@ from typing import Any
 from router.answers import Kind, detect_kind
 from router.compose.base import Answer, CeilingReached, Outcome, Run, Step, StepFailed
 from router.evidence import Answers, read_answers
-from router.planner import CascadePlanner, Decision, State
+from router.planner import Decision, Plans, State
 
 log = logging.getLogger("polyroute.compose")
 
@@ -48,7 +48,7 @@ class Planned:
 
     def __init__(
         self,
-        planner: CascadePlanner,
+        planner: Plans,
         log_odds: Sequence[float],
         costs: Sequence[float],
         latency_weight: float = 0.0,
@@ -208,7 +208,7 @@ def plan_header(detail: dict[str, Any]) -> str:
     return f"rounds={len(rounds)}; calls={detail.get('calls', 0)}; steps={steps}"
 
 
-def check_planner(planner: CascadePlanner) -> None:
+def check_planner(planner: Plans) -> None:
     """Run `planner` on a made-up query, before and after one answer: a planner whose models do not
     match this code (other features) fails here, when its router file loads, not on a client's request."""
     query = "Which is right?\nA) one\nB) two"

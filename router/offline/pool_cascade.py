@@ -58,7 +58,7 @@ from router.offline.pool import (
 from router.offline.replay import Replay, agreement_rule, replay
 from router.offline.split import cross_fit
 from router.plan_table import PlanTable
-from router.planner import CascadePlanner
+from router.planner import Plans
 
 FOLDS = 5
 DECISION = (
@@ -125,7 +125,7 @@ class Strategies:
     rows: np.ndarray  # the training rows replayed (every worker's label and cost recorded)
     held: dict[str, Replay]
     aiq: dict[str, float]
-    final: dict[str, CascadePlanner | PlanTable]  # each fitted on every training row
+    final: dict[str, Plans]  # each fitted on every training row
     chosen: str
 
     @property

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from router.offline.book import AnswerBook
-from router.planner import CascadePlanner
+from router.planner import Plans
 
 
 @dataclass
@@ -46,7 +46,7 @@ class Replay:
 
 
 def play(
-    planner: CascadePlanner,
+    planner: Plans,
     book: AnswerBook,
     i: int,
     log_odds: np.ndarray,
@@ -78,7 +78,7 @@ def play(
 
 
 def replay(
-    planner_for: Callable[[int], CascadePlanner],
+    planner_for: Callable[[int], Plans],
     book: AnswerBook,
     rows: Sequence[int],
     log_odds: np.ndarray,
