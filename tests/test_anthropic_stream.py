@@ -24,9 +24,8 @@ from anthropic.lib.streaming._messages import accumulate_event
 from litellm.llms.anthropic.pass_through.adapters.streaming_iterator import AnthropicStreamWrapper
 
 from gateway.anthropic_stream import AnthropicStream, event_batches, tool_use_id, usage_delta
-from tests.test_stream_fast import (
+from tests.test_stream_sequences import (
     ARGS,
-    BASE,
     ROLE,
     STREAMS,
     arguments,
@@ -34,6 +33,7 @@ from tests.test_stream_fast import (
     chunk,
     litellm_alone,
     replay,
+    tool_call,
     usage,
     words,
 )
@@ -83,27 +83,7 @@ MORE = {
     ],
     "text and a tool call in one chunk": [
         ROLE,
-        {
-            **BASE,
-            "choices": [
-                {
-                    "index": 0,
-                    "delta": {
-                        "content": "Checking.",
-                        "tool_calls": [
-                            {
-                                "index": 0,
-                                "id": "call_1",
-                                "type": "function",
-                                "function": {"name": "f", "arguments": ARGS},
-                            }
-                        ],
-                    },
-                    "logprobs": None,
-                    "finish_reason": None,
-                }
-            ],
-        },
+        chunk({"content": "Checking.", "tool_calls": [tool_call(0, "call_1", "f", ARGS)]}),
         chunk({}, "tool_calls"),
         usage(),
     ],
@@ -304,32 +284,7 @@ DIFFERENT = {
     ],
     "two tool calls in one chunk": [
         ROLE,
-        {
-            **BASE,
-            "choices": [
-                {
-                    "index": 0,
-                    "delta": {
-                        "tool_calls": [
-                            {
-                                "index": 0,
-                                "id": "call_1",
-                                "type": "function",
-                                "function": {"name": "f", "arguments": "{}"},
-                            },
-                            {
-                                "index": 1,
-                                "id": "call_2",
-                                "type": "function",
-                                "function": {"name": "g", "arguments": ARGS},
-                            },
-                        ]
-                    },
-                    "logprobs": None,
-                    "finish_reason": None,
-                }
-            ],
-        },
+        chunk({"tool_calls": [tool_call(0, "call_1", "f", "{}"), tool_call(1, "call_2", "g", ARGS)]}),
         chunk({}, "tool_calls"),
         usage(),
     ],

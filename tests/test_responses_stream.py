@@ -19,7 +19,7 @@ from litellm.responses.litellm_completion_transformation.streaming_iterator impo
 
 from gateway.responses import ResponsesRequest, ResponsesWire, bridge_params, input_items
 from gateway.responses_stream import response_events
-from tests.test_stream_fast import ARGS, STREAMS, litellm_alone
+from tests.test_stream_sequences import ARGS, STREAMS, litellm_alone
 
 TOOL = {"type": "function", "name": "get_weather", "parameters": {"type": "object"}}
 # litellm also departs where OpenAI leaves it free: it splits one chunk's arguments into several

@@ -1,10 +1,8 @@
 """The chat-chunk sequences the stream translators' tests share, and how the Anthropic stream is
 written: the events one read of the worker makes go out in one write.
 
-(Named after gateway/stream_fast.py, which wrote plain text deltas past litellm's Anthropic stream
-wrapper until gateway/anthropic_stream.py replaced the wrapper; tests/test_anthropic_stream.py
-compares the new translator's events with litellm's on these sequences, and
-tests/test_responses_stream.py uses them too.)
+tests/test_anthropic_stream.py compares gateway/anthropic_stream.py's events with litellm's on these
+sequences, and tests/test_responses_stream.py uses them too.
 """
 
 from __future__ import annotations
@@ -32,9 +30,18 @@ def words(text: str) -> list[dict[str, Any]]:
     return [chunk({"content": word + " "}) for word in text.split()]
 
 
+def tool_call(index: int, call_id: str, name: str, arguments: str = "") -> dict[str, Any]:
+    """One entry of a delta's `tool_calls`: the call's start (and maybe all of its arguments)."""
+    return {
+        "index": index,
+        "id": call_id,
+        "type": "function",
+        "function": {"name": name, "arguments": arguments},
+    }
+
+
 def call(index: int, call_id: str, name: str, arguments: str = "") -> dict[str, Any]:
-    named = {"index": index, "id": call_id, "type": "function"}
-    return chunk({"tool_calls": [{**named, "function": {"name": name, "arguments": arguments}}]})
+    return chunk({"tool_calls": [tool_call(index, call_id, name, arguments)]})
 
 
 def arguments(index: int, text: str, size: int = 5) -> list[dict[str, Any]]:
