@@ -202,15 +202,16 @@ def baseline_routers(
     knn_k: int | None,
     predicted_cost: np.ndarray,
     lambdas: Sequence[float],
-) -> dict[str, dict]:
-    """random, cheapest, best_single, knn and oracle on the test queries (in :data:`BASELINES` order)."""
+) -> tuple[dict[str, dict], np.ndarray]:
+    """random, cheapest, best_single, knn and oracle on the test queries (in :data:`BASELINES`
+    order), and kNN's choice per (λ, query) (for the intervals of router/offline/intervals.py)."""
     Y, C = data.test.labels, data.test_costs
     workers = data.workers
-    knn, _ = swept_router("knn", knn_quality, predicted_cost, data.test, lambdas)
+    knn, knn_choices = swept_router("knn", knn_quality, predicted_cost, data.test, lambdas)
     knn["k"] = knn_k
     oracle, _ = swept_router("oracle", Y, C, data.test, lambdas)
     best, cheap = best_and_cheapest(data.train)
-    return {
+    routers = {
         "random": constant_router("random", float(Y.mean()), float(C.mean()), lambdas),
         "cheapest": constant_router(
             "cheapest", float(Y[:, cheap].mean()), float(C[:, cheap].mean()), lambdas, worker=workers[cheap]
@@ -221,6 +222,7 @@ def baseline_routers(
         "knn": knn,
         "oracle": oracle,
     }
+    return routers, knn_choices
 
 
 def best_and_cheapest(train: RoutingDataset) -> tuple[int, int]:

@@ -38,7 +38,7 @@ from router.offline.book import AnswerBook
 from router.offline.code_runs import code_runs_for
 from router.offline.dataset import RoutingDataset
 from router.offline.intervals import METHOD, PerQuery, differences, interval, resampled_aiq
-from router.offline.metrics import DEFAULT_LAMBDAS, aiq_within, lambda_curve, route
+from router.offline.metrics import DEFAULT_LAMBDAS, aiq_within, lambda_curve
 from router.offline.plan_table_fit import cross_fit_tables
 from router.offline.planner_fit import FittedPlanners, Recorded, fit_planner
 from router.offline.pool import (
@@ -225,10 +225,8 @@ def evaluate_cascade(
     predicted_cost = CostModel().fit(data.X_train, C).predict(data.X_test)
     single, single_choices = swept_router("single", quality, predicted_cost, test, lambdas)
     single["model"] = model
-    routers: dict[str, dict] = {
-        "single": single,
-        **baseline_routers(data, knn_q, knn_k, predicted_cost, lambdas),
-    }
+    baseline, knn_choices = baseline_routers(data, knn_q, knn_k, predicted_cost, lambdas)
+    routers: dict[str, dict] = {"single": single, **baseline}
 
     say(f"cross-fitting the prior and the cost model ({FOLDS} folds)")
     X = data.X_train
@@ -309,7 +307,7 @@ def evaluate_cascade(
         "ours": PerQuery(run.score, run.cost),
         **{name: PerQuery(r.score, r.cost) for name, r in runs.items()},
         "single": PerQuery.from_choices(single_choices, test.labels, data.test_costs),
-        "knn": PerQuery.from_choices(route(knn_q, predicted_cost, lambdas), test.labels, data.test_costs),
+        "knn": PerQuery.from_choices(knn_choices, test.labels, data.test_costs),
     }
     samples = resampled_aiq(per_query, max_cost, seed=seed)
     for name, drawn in samples.items():

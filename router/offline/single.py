@@ -23,7 +23,7 @@ import numpy as np
 from router.costs import CostModel
 from router.offline.dataset import RoutingDataset
 from router.offline.intervals import METHOD, PerQuery, differences, interval, resampled_aiq
-from router.offline.metrics import DEFAULT_LAMBDAS, baselines, evaluate_router, route
+from router.offline.metrics import DEFAULT_LAMBDAS, baselines, evaluate_router
 from router.offline.pool import (
     PoolData,
     Validation,
@@ -170,7 +170,8 @@ def evaluate_pool(
     fit_seconds = time.perf_counter() - started
 
     ours, ours_choices = swept_router("ours", ours_q, predicted_cost, data.test, lambdas)
-    routers = {"ours": ours, **baseline_routers(data, knn_q, knn_k, predicted_cost, lambdas)}
+    baseline, knn_choices = baseline_routers(data, knn_q, knn_k, predicted_cost, lambdas)
+    routers = {"ours": ours, **baseline}
     singles = single_workers(data)
     max_cost = score_aiq(routers, singles)
     ours.update(goal_metrics(ours, routers["best_single"]))
@@ -181,9 +182,7 @@ def evaluate_pool(
     say("paired bootstrap of the AIQ difference to kNN")
     per_query = {
         "ours": PerQuery.from_choices(ours_choices, data.test.labels, data.test_costs),
-        "knn": PerQuery.from_choices(
-            route(knn_q, predicted_cost, lambdas), data.test.labels, data.test_costs
-        ),
+        "knn": PerQuery.from_choices(knn_choices, data.test.labels, data.test_costs),
     }
     samples = resampled_aiq(per_query, max_cost, seed=seed)
     for name, drawn in samples.items():
