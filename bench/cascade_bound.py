@@ -17,7 +17,20 @@ cost) one plan per cluster is picked on the train files and measured on the test
 column set picks on the test files themselves: an optimistic bound, not a result — it shows how much
 the family could give if choosing among its ~3,000 plans were free of noise.
 
-    .venv/bin/python bench/cascade_bound.py --train <split>/train/*.csv --test <split>/test/*.csv
+``--hindsight`` adds the question the cost target turns on: could *any* choice of plans from this
+family reach the best single model's accuracy at half its cost on these workers? It pools the train
+and test files, scores every plan of every cell on every query of the cell, and takes the frontier
+of the per-cell frontiers (a mix of two plans reaches any point between two of its corners): the
+best accuracy at 50% of the best single's cost and the least cost at its accuracy, with plans chosen
+in hindsight on the very queries they are scored on. Cells are the clusters, then each cluster cut
+into terciles of the query-only prior's edge for the best single model (cross-fitted: the fast
+router's quality model, each query predicted by a model that never saw it). Chosen in hindsight the
+figures are optimistic; if they miss the target, no plan of the family chosen from data will meet it.
+The same cells with plans chosen by 5-fold cross-validation over the pooled queries (each fold's
+plans, and its tercile cuts, from the other four) say what choosing from data gives, so finer
+cells that only look better in hindsight show up as what they are: more room to overfit.
+
+    .venv/bin/python bench/cascade_bound.py --train <split>/train/*.csv --test <split>/test/*.csv [--hindsight]
 
 Writes bench/results/cascade_bound.json.
 """
@@ -38,9 +51,14 @@ sys.path.insert(0, str(ROOT))
 
 from router.offline.book import AnswerBook  # noqa: E402
 from router.offline.code_runs import code_runs_for  # noqa: E402
-from router.offline.metrics import aiq  # noqa: E402
+from router.offline.metrics import aiq, summed_frontier, upper_hull  # noqa: E402
 from router.offline.plan_table_fit import PlanScores, clusters_of  # noqa: E402
 from router.offline.routerbench import load_routerbench  # noqa: E402
+from router.offline.single import DEFAULT_MODEL  # noqa: E402
+from router.offline.split import cross_fit, folds  # noqa: E402
+
+HINDSIGHT_BUDGET = 0.5  # the issue's cost target: a share of the best single model's cost
+PRIOR_BINS = 3
 
 LAMBDAS = (0.0, 0.005, 0.01, 0.02, 0.03, 0.05, 0.1, 0.2, 0.5, 1.0)
 
@@ -51,6 +69,7 @@ class Plans:
     def __init__(self, files: list[str]) -> None:
         ds = load_routerbench(files)
         assert ds.responses is not None and ds.costs is not None
+        self.dataset = ds
         self.workers = ds.workers
         self.labels = np.nan_to_num(ds.labels)
         self.costs = np.asarray(ds.costs, dtype=float)
@@ -73,11 +92,117 @@ class Plans:
         return scores, accuracy, cost
 
 
+def query_prior_edge(plans: Plans, best: int, seed: int = 0) -> np.ndarray:
+    """Per query, the best single model's predicted P(right) minus the best other's, each query
+    predicted by the fast router's quality model fitted on the other folds."""
+    from router.offline.pool import fit_quality_model
+    from router.training import feature_builder
+
+    ds = plans.dataset
+    X = feature_builder("static").transform(list(ds.texts), list(ds.turns), progress=False)
+    Y = plans.labels
+    prior = cross_fit(
+        len(Y), 5, seed, lambda a, b: fit_quality_model(DEFAULT_MODEL, X[a], Y[a], seed).predict(X[b])
+    )
+    return prior[:, best] - np.delete(prior, best, axis=1).max(axis=1)
+
+
+def _cells(
+    plans: Plans, rows: np.ndarray, edge: np.ndarray, cuts_from: np.ndarray, bins: int
+) -> list[np.ndarray]:
+    """``rows`` cut into their cluster's ``bins`` prior-edge quantiles (cuts taken on ``cuts_from``)."""
+    cells = []
+    for c in sorted(set(plans.clusters)):  # every cluster, so two calls' cells line up
+        mine, basis = rows[plans.clusters[rows] == c], cuts_from[plans.clusters[cuts_from] == c]
+        cuts = np.quantile(edge[basis], np.linspace(0, 1, bins + 1)[1:-1]) if len(basis) else np.array([])
+        where = np.searchsorted(cuts, edge[mine])
+        cells += [mine[where == b] for b in range(bins)]
+    return cells
+
+
+def _frontier_figures(points: np.ndarray, unit: float, target: float) -> dict:
+    """Accuracy at the budget and the cost share at ``target`` on the hull of (cost, accuracy) points."""
+    hull = upper_hull(points)
+    share, accuracy = hull[:, 0] / unit, hull[:, 1]
+    return {
+        "accuracy_at_budget": round(float(np.interp(HINDSIGHT_BUDGET, share, accuracy)), 4),
+        "cost_share_at_best_single_accuracy": (
+            round(float(np.interp(target, accuracy, share)), 4) if target <= accuracy[-1] + 1e-12 else None
+        ),
+        "best_accuracy": round(float(accuracy[-1]), 4),
+    }
+
+
+def hindsight(plans: Plans, best: int, console: Console, folds_k: int = 5) -> dict:
+    """The family's frontier with plans chosen on the queries they are scored on, and the same cells
+    with plans chosen by ``folds_k``-fold cross-validation (module docstring)."""
+    n = len(plans.labels)
+    unit = float(plans.costs[:, best].mean())
+    target = float(plans.labels[:, best].mean())
+    dearest = float(plans.costs.mean(0).max())
+    every = np.arange(n)
+    with console.status("hindsight: the query-only prior, cross-fitted"):
+        edge = query_prior_edge(plans, best)
+    fold_of = np.empty(n, dtype=int)
+    for k, rows in enumerate(folds(n, folds_k, 11)):
+        fold_of[rows] = k
+    grid = [0.0, *np.geomspace(1e-3, 10, 80)]
+    out: dict = {
+        "queries": n,
+        "best_single_accuracy": round(target, 4),
+        "budget_share": HINDSIGHT_BUDGET,
+        "folds": folds_k,
+        "cells": {},
+    }
+    for bins in (1, PRIOR_BINS):
+        with console.status(f"hindsight: every plan on {bins} prior bin(s) per cluster"):
+            cells = [cell for cell in _cells(plans, every, edge, every, bins) if len(cell)]
+            parts = []
+            for cell in cells:
+                _, accuracy, cost = plans.table(cell)
+                parts.append((accuracy * len(cell) / n, cost * len(cell) / n))
+            in_hindsight = _frontier_figures(summed_frontier(parts), unit, target)
+        with console.status(f"hindsight: {bins} prior bin(s) per cluster, plans chosen by {folds_k}-fold CV"):
+            scored = []  # (train accuracy, train cost, held-out correct, held-out spent) per fold and cell
+            for k in range(folds_k):
+                fit, held = every[fold_of != k], every[fold_of == k]
+                for on_fit, on_held in zip(
+                    _cells(plans, fit, edge, fit, bins), _cells(plans, held, edge, fit, bins), strict=True
+                ):
+                    if len(on_held) == 0:
+                        continue
+                    _, a_held, c_held = plans.table(on_held)
+                    fitted = plans.table(on_fit)[1:] if len(on_fit) else None
+                    scored.append((fitted, a_held * len(on_held), c_held * len(on_held)))
+            curve = []
+            for lam in grid:
+                correct = spent = 0.0
+                for fitted, a_held, c_held in scored:
+                    p = best if fitted is None else int(np.argmax(fitted[0] - lam * fitted[1] / unit))
+                    correct, spent = correct + a_held[p], spent + c_held[p]
+                curve.append((spent / n, correct / n))
+            points = np.array(curve)
+            chosen = _frontier_figures(points, unit, target)
+            chosen["aiq"] = round(aiq(points[points[:, 0] <= dearest * (1 + 1e-9)], dearest), 4)
+        out["cells"][f"{bins}_per_cluster"] = {
+            "cells": len(cells),
+            "smallest_cell": int(min(len(cell) for cell in cells)),
+            "in_hindsight": in_hindsight,
+            "chosen_by_cross_validation": chosen,
+        }
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--train", nargs="+", required=True)
     parser.add_argument("--test", nargs="+", required=True)
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "cascade_bound.json")
+    parser.add_argument(
+        "--hindsight",
+        action="store_true",
+        help="also the family's frontier on train and test pooled, plans chosen in hindsight",
+    )
     args = parser.parse_args()
     console = Console()
     train, test = Plans(args.train), Plans(args.test)
@@ -166,6 +291,34 @@ def main() -> None:
         "cluster_sizes_test": {c: int(v[2]) for c, v in scored.items()},
         "rows": rows,
     }
+    if args.hindsight:
+        pooled = Plans([*args.train, *args.test])
+        found = hindsight(pooled, best, console)
+        report["hindsight"] = found
+        table = Table(
+            title=f"hindsight frontier, {found['queries']} queries pooled ({train.workers[best]}: "
+            f"{found['best_single_accuracy']:.4f})"
+        )
+        for col in (
+            "cells",
+            "plans chosen",
+            "accuracy at 50% of its cost",
+            "cost share at its accuracy",
+            "AIQ",
+        ):
+            table.add_column(col, justify="right")
+        for name, row in found["cells"].items():
+            for how in ("in_hindsight", "chosen_by_cross_validation"):
+                got = row[how]
+                at = got["cost_share_at_best_single_accuracy"]
+                table.add_row(
+                    f"{row['cells']} ({name.replace('_', ' ')})",
+                    how.replace("_", " "),
+                    f"{got['accuracy_at_budget']:.4f}",
+                    "not reached" if at is None else f"{at:.0%}",
+                    f"{got['aiq']:.4f}" if "aiq" in got else "",
+                )
+        console.print(table)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
     console.print(f"wrote {args.out}")
 

@@ -24,7 +24,7 @@ from router.costs import CostModel
 from router.decide import Estimate, choose, choose_many
 from router.offline.formats import load_format
 from router.offline.llmrouter import load_llmrouter
-from router.offline.metrics import aiq, best_accuracy_within, cheapest_reaching, upper_hull
+from router.offline.metrics import aiq, best_accuracy_within, cheapest_reaching, summed_frontier, upper_hull
 from router.offline.routerbench import focus_text, load_routerbench
 from router.offline.split import split_ids, write_split
 
@@ -167,6 +167,32 @@ def test_hull_and_aiq_by_hand() -> None:
     assert cheapest_reaching(pts, 0.95) is None
     with pytest.raises(ValueError):
         aiq(pts, 3.5)
+
+
+def test_summed_frontier_is_the_hull_of_every_combination() -> None:
+    """Every way of choosing one option per cell lies on or under the summed frontier, and every
+    corner of the frontier is one of those choices (brute force over 3 cells of 4-6 options)."""
+    import itertools
+
+    rng = np.random.default_rng(3)
+    for _ in range(20):
+        cells = [(rng.random(m), rng.random(m)) for m in (4, 5, 6)]  # (accuracy, cost) per option
+        combos = np.array(
+            [
+                (
+                    sum(cells[c][1][i] for c, i in enumerate(pick)),
+                    sum(cells[c][0][i] for c, i in enumerate(pick)),
+                )
+                for pick in itertools.product(*(range(len(a)) for a, _ in cells))
+            ]
+        )
+        frontier = summed_frontier(cells)
+        assert np.all(np.diff(frontier[:, 0]) > 0) and np.all(np.diff(frontier[:, 1]) > 0)
+        assert np.allclose(frontier, upper_hull(combos))  # the exact hull of all 120 choices
+        under = np.interp(combos[:, 0], frontier[:, 0], frontier[:, 1], left=-np.inf)
+        assert np.all(combos[:, 1] <= under + 1e-12)
+    with pytest.raises(ValueError, match="no cells"):
+        summed_frontier([])
 
 
 def test_choose_many_is_choose_vectorized() -> None:

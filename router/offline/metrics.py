@@ -322,6 +322,22 @@ def upper_hull(points: np.ndarray) -> np.ndarray:
     return np.array(hull)
 
 
+def summed_frontier(cells: list[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
+    """The (cost, accuracy) frontier of choosing one option per cell, each cell's options given as
+    (accuracy, cost) arrays of their contributions to the whole's means.
+
+    The frontier of a sum of independent choices is the sum of the cells' concave hulls: start at
+    every cell's cheapest corner and take the cells' hull segments steepest first (any point between
+    two corners is a mix of two options). Exact, where a λ sweep only finds the corners it hits.
+    """
+    if not cells:
+        raise ValueError("no cells")
+    hulls = [upper_hull(np.column_stack([cost, accuracy])) for accuracy, cost in cells]
+    start = np.sum([hull[0] for hull in hulls], axis=0)
+    steps = sorted((step for hull in hulls for step in np.diff(hull, axis=0)), key=lambda d: -d[1] / d[0])
+    return np.vstack([start, start + np.cumsum(steps, axis=0)]) if steps else start[None, :]
+
+
 def aiq(points: np.ndarray, max_cost: float) -> float:
     """Area under the hull of ``points``, extended flat to ``max_cost``, divided by ``max_cost``."""
     if max_cost <= 0:
