@@ -336,16 +336,17 @@ def _code_keys(settings):
 
 def _text_keys(settings):
     """Meaning keys for free-text answers (router/text_agreement.py), embedded off the event loop
-    with the retrieval embedder (one model per process)."""
+    with the retrieval embedder (one model per process); built per request, so each of the request's
+    answers is embedded once however many rounds read it."""
     if not settings.plan_text_agreement:
         return None
     from retrieval.embed import shared_embedder
-    from router.text_agreement import embed_and_key
+    from router.text_agreement import embed_and_key, remembering
 
-    embedder = shared_embedder(settings.retrieval_embedder)
+    embed = remembering(shared_embedder(settings.retrieval_embedder).encode)
 
     async def keys(texts):
-        return await asyncio.to_thread(embed_and_key, texts, embedder.encode, settings.plan_text_similarity)
+        return await asyncio.to_thread(embed_and_key, texts, embed, settings.plan_text_similarity)
 
     return keys
 

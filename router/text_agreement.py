@@ -61,9 +61,23 @@ def text_keys(texts: Sequence[str], vectors: np.ndarray, similarity: float = SIM
 def embed_and_key(texts: Sequence[str], embed: Embed, similarity: float = SIMILARITY) -> list[str | None]:
     """:func:`text_keys` with the vectors from ``embed`` (only keyable answers are embedded)."""
     wanted = [j for j, t in enumerate(texts) if keyable(t)]
-    vectors = np.zeros((len(texts), 1), dtype=np.float32)
-    if wanted:
-        found = np.asarray(embed([texts[j][:MAX_CHARS] for j in wanted]), dtype=np.float32)
-        vectors = np.zeros((len(texts), found.shape[1]), dtype=np.float32)
-        vectors[wanted] = found
+    if not wanted:
+        return [None] * len(texts)
+    found = np.asarray(embed([texts[j][:MAX_CHARS] for j in wanted]), dtype=np.float32)
+    vectors = np.zeros((len(texts), found.shape[1]), dtype=np.float32)
+    vectors[wanted] = found
     return text_keys(texts, vectors, similarity)
+
+
+def remembering(embed: Embed) -> Embed:
+    """``embed`` that runs the model on each distinct text once: a plan reads all the answers it holds
+    again after every round, and only the new round's answers need embedding. One per request."""
+    seen: dict[str, np.ndarray] = {}
+
+    def once(texts: list[str]) -> np.ndarray:
+        new = [t for t in dict.fromkeys(texts) if t not in seen]
+        if new:
+            seen.update(zip(new, np.asarray(embed(new), dtype=np.float32), strict=True))
+        return np.stack([seen[t] for t in texts])
+
+    return once

@@ -9,7 +9,7 @@ import pytest
 from router.answers import Kind
 from router.evidence import POSTHOC_FEATURES, posthoc_rows, read_answers
 from router.offline.book import AnswerBook
-from router.text_agreement import SIMILARITY, embed_and_key, text_keys
+from router.text_agreement import SIMILARITY, embed_and_key, remembering, text_keys
 
 QUESTION = "Explain in one or two sentences what the mitochondria does in a cell."
 # Hand-written pairs: a paraphrase, and an answer on the same topic that says something else.
@@ -93,6 +93,21 @@ def test_only_keyable_answers_are_embedded():
     ]
     assert seen == [["It makes ATP.", "ATP is made there."]]
     assert embed_and_key(["", ""], embed) == [None, None] and len(seen) == 1  # nothing to embed
+
+
+def test_a_plan_embeds_each_answer_once_over_its_rounds():
+    seen: list[list[str]] = []
+
+    def embed(texts: list[str]) -> np.ndarray:
+        seen.append(texts)
+        return unit(*([1.0, float(len(t))] for t in texts))
+
+    once = remembering(embed)
+    first = embed_and_key(["It makes ATP.", "ATP is made there."], once)
+    second = embed_and_key(["It makes ATP.", "ATP is made there.", "The nucleus holds DNA, mostly."], once)
+    assert second[:2] == first  # the same vectors, so the same keys, for the answers already held
+    assert seen == [["It makes ATP.", "ATP is made there."], ["The nucleus holds DNA, mostly."]]
+    assert np.allclose(once(["It makes ATP."]), embed(["It makes ATP."]))
 
 
 def test_the_planner_reads_agreeing_free_text_as_agreement():

@@ -109,13 +109,9 @@ def evaluate_gsm8k_cascade(
         "cascade": escalating("cascade", escalation["cascade"]),
         "planner": escalating("planner", escalation["planner"]),
         "myopic_planner": escalating("myopic_planner", escalation["myopic_planner"]),
-        "acceptance_model": evaluate_router(
-            "acceptance_model", 1 - accept, yw, ys, cw, cw + cs, bootstrap=bootstrap, seed=seed
-        ),
+        "acceptance_model": escalating("acceptance_model", 1 - accept),
         # the planner's post-hoc estimate of Mixtral's answer, used directly: escalate when it is low
-        "posthoc_threshold": evaluate_router(
-            "posthoc_threshold", 1 - posthoc, yw, ys, cw, cw + cs, bootstrap=bootstrap, seed=seed
-        ),
+        "posthoc_threshold": escalating("posthoc_threshold", 1 - posthoc),
         "fast_router": evaluate_router(
             "fast_router", 1 - fast, yw, ys, cw, cs, bootstrap=bootstrap, seed=seed
         ),

@@ -165,9 +165,9 @@ def print_cascade_table(report: dict, console: Any) -> None:
     """APGR, its interval and the cost of recovering 80% of the gap, for the cascade replay."""
     from rich.table import Table
 
-    table = Table("router", "APGR", "95% CI", "strong share for 80% of gap", "cost there / always-strong")
     from router.offline.cascade import LEARNED
 
+    table = Table("router", "APGR", "95% CI", "strong share for 80% of gap", "cost there / always-strong")
     strong_cost = report["results"]["always_strong"]["cost_usd"]
     for name in (*LEARNED, "cascade_oracle", "random", "oracle"):
         r = report["results"].get(name)
