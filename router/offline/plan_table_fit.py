@@ -5,9 +5,10 @@ of each voter set is read per question from the :class:`AnswerBook` (the keys th
 live), then accuracy and cost for every fallback follow from two matrix products. The plans kept
 are the cluster's accuracy/cost frontier (by recorded mean cost) and every single worker.
 
-``cross_fit_tables`` fits the table on every question and one per fold on the other folds, so a replay of the training files
-with them (each question planned by a table that never saw it) measures the table as the held-out
-files will — the comparison with the learned planner that picks a trained router's strategy.
+``cross_fit_tables`` fits the table on every question and one per fold on the other folds, so a
+replay of the training files with them (each question planned by a table that never saw it)
+measures the table as the held-out files will — the comparison with the learned planner that picks
+a trained router's strategy.
 """
 
 from __future__ import annotations
