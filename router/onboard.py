@@ -65,9 +65,16 @@ def prior_vector(Z: np.ndarray, y: np.ndarray, temperature: float = PRIOR_TEMPER
 
 
 def fit_vector(
-    Z: Any, y: Any, alpha: float = DEFAULT_ALPHA, temperature: float = PRIOR_TEMPERATURE
+    Z: Any,
+    y: Any,
+    alpha: float = DEFAULT_ALPHA,
+    temperature: float = PRIOR_TEMPERATURE,
+    prior: np.ndarray | None = None,
 ) -> tuple[np.ndarray, float]:
-    """(β, δ) for one worker from its probes: ``Z`` [n, k] the known workers' log-odds, ``y`` [n] in [0, 1]."""
+    """(β, δ) for one worker from its probes: ``Z`` [n, k] the known workers' log-odds, ``y`` [n] in [0, 1].
+
+    ``prior`` is β₀, the vector the penalty pulls towards; by default :func:`prior_vector` of the probes.
+    (The offline evaluation passes other priors to compare them: router/offline/onboard_curve.py.)"""
     from scipy.optimize import minimize
 
     Z = np.asarray(Z, dtype=np.float64)
@@ -79,7 +86,9 @@ def fit_vector(
     if np.any(~np.isfinite(y)) or y.min() < 0 or y.max() > 1:
         raise ValueError("probe labels must lie in [0, 1]")
     k = Z.shape[1]
-    beta0 = prior_vector(Z, y, temperature)
+    beta0 = prior_vector(Z, y, temperature) if prior is None else np.asarray(prior, dtype=np.float64)
+    if beta0.shape != (k,):
+        raise ValueError(f"the prior must be a vector over the {k} known workers, got shape {beta0.shape}")
 
     def loss(theta: np.ndarray) -> tuple[float, np.ndarray]:
         beta, delta = theta[:k], theta[k]

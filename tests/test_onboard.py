@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 
 from polyroute.cli import app
 from router import LearnedRouter, feature_builder_for, load_current, save_artifact, train_artifact
+from router.offline.onboard_curve import known_worker_vectors, mixture_prior, probe_curve
 from router.offline.split import write_split
 from router.onboard import OnboardedQuality, fit_vector, onboard_artifact, prior_vector
 from router.quality import _sigmoid
@@ -204,3 +205,61 @@ def test_the_onboarding_table_prints_when_the_ratio_is_undefined_on_every_resamp
     out = io.StringIO()
     print_onboarding(report, Console(file=out, width=200))
     assert "gain_recovered = n/a" in out.getvalue() and "95% interval" not in out.getvalue()
+
+
+# ---------------------------------------------------------------- the probe curve (onboard_curve.py)
+def test_the_identity_mixture_is_the_products_prior():
+    Z = _known_log_odds(200, 4)
+    y = (np.random.default_rng(5).random(200) < _sigmoid(Z[:, 0])).astype(float)
+    assert np.allclose(mixture_prior(Z, y, np.eye(3)), prior_vector(Z, y))
+
+
+def test_an_explicit_prior_is_the_vector_few_probes_stay_near():
+    Z = _known_log_odds(300, 6)
+    y = (np.random.default_rng(7).random(300) < _sigmoid(Z[:, 2])).astype(float)
+    toward_0, _ = fit_vector(Z[:10], y[:10], alpha=1000.0, prior=np.array([1.0, 0.0, 0.0]))
+    assert np.allclose(toward_0, [1.0, 0.0, 0.0], atol=0.05)
+    with pytest.raises(ValueError, match="prior must be a vector over the 3"):
+        fit_vector(Z, y, prior=np.ones(2))
+
+
+def test_known_worker_vectors_express_each_worker_in_the_others():
+    rng = np.random.default_rng(8)
+    Z = _known_log_odds(2000, 8)
+    Z[:, 2] = Z[:, 0] + rng.normal(0, 0.3, 2000)  # worker 2 is worker 0 plus a little noise
+    Y = (rng.random((2000, 3)) < _sigmoid(Z)).astype(float)
+    Y[rng.random((2000, 3)) < 0.2] = np.nan  # sparse labels are skipped
+    vectors = known_worker_vectors(Z, Y)
+    assert vectors.shape == (3, 3) and np.all(np.diag(vectors) == 0)
+    assert vectors[2, 0] > 0.5 and vectors[2, 0] > abs(vectors[2, 1])  # 2 leans on its twin
+    with pytest.raises(ValueError, match="Y_known must be"):
+        known_worker_vectors(Z, Y[:, :2])
+
+
+def test_the_probe_curve_climbs_towards_the_full_labels():
+    """A newcomer that is a shifted known worker: the representation holds it (ceiling near 1), and
+    more probes recover more of what full labels know."""
+    Z = _known_log_odds(3000, 9)
+    truth = _sigmoid(Z[:, 1] + 0.4)
+    y = (np.random.default_rng(10).random(3000) < truth).astype(float)
+    y[::10] = np.nan  # queries the worker was never run on
+    known_labels = (np.random.default_rng(12).random((3000, 3)) < _sigmoid(Z)).astype(float)
+    vectors = known_worker_vectors(Z, known_labels)
+    result = probe_curve(Z, y, truth, vectors, probe_counts=(5, 400), draws=4)
+    assert result["n_pool"] + result["n_scored"] == 2700
+    assert result["ceiling_recovered"] > 0.95
+    few, many = (row["shifted"]["recovered"] for row in result["curve"])
+    assert many > 0.9 and many > few
+    assert result["curve"][1]["known_vectors"]["log_loss"] > 0
+    assert (
+        result["base_log_loss"] > result["curve"][1]["shifted"]["log_loss"] > result["full_log_loss"] - 0.01
+    )
+
+
+def test_the_probe_curve_refuses_more_probes_than_its_pool():
+    Z = _known_log_odds(100, 11)
+    y = np.ones(100)
+    with pytest.raises(ValueError, match="pool's 50 queries"):
+        probe_curve(Z, y, np.full(100, 0.9), probe_counts=(60,))
+    with pytest.raises(ValueError, match="Z must be"):
+        probe_curve(Z, y[:50], np.full(100, 0.9))
