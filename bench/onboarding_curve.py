@@ -67,7 +67,7 @@ def main() -> None:
     parser.add_argument("--draws", type=int, default=DEFAULT_DRAWS)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
-    console = Console()
+    console = Console(width=200)  # the table is wide; a log file keeps it whole
     results: list[dict] = []
     for fmt, workers in RUNS.items():
         files = sorted((args.split_dir / fmt / "train").iterdir())

@@ -18,6 +18,13 @@ import from router/, never the other way round (gateway/ imports router/ only).
     pool.py         the shared half of an N-worker evaluation: baselines, validation, AIQ, per-task shares
     single.py       strategy "fast": one worker per query from the query alone (2 and N workers)
     cascade.py      strategy "cascade": answer-aware escalation replayed on recorded answers
+    book.py, code_runs.py, replay.py
+                    recorded answers read per plan state, code run once per query, plans replayed
+    planner_fit.py, plan_table_fit.py, pool_cascade.py
+                    the cascade planner and the plan table fitted and cross-fitted; the N-worker run
+    prior.py        the shipped prior: one model on all the public routing data
+    onboard_eval.py `router eval --onboard`: gain_recovered of a worker onboarded from N probes
+    onboard_curve.py the onboarded column's log loss by probe count, on training files alone
     harness.py      the runs behind `polyroute router eval`: evaluate → JSON → plot → table
     report.py       the result JSON and the printed tables
     plots.py        the PNGs
