@@ -70,11 +70,10 @@ def main() -> None:
     console = Console(width=200)  # the table is wide; a log file keeps it whole
     results: list[dict] = []
     for fmt, workers in RUNS.items():
-        files = sorted((args.split_dir / fmt / "train").iterdir())
+        train_dir = args.split_dir / fmt / "train"
+        files = sorted(train_dir.iterdir()) if train_dir.is_dir() else []
         if not files:
-            sys.exit(
-                f"no training files under {args.split_dir / fmt / 'train'}: run `polyroute router split`"
-            )
+            sys.exit(f"no training files under {train_dir}: run `polyroute router split`")
         data = load_format(fmt, files, args.prices if fmt == "llmrouter" else None)
         X = feature_builder("static").transform(data.texts, data.turns)
         Y = data.labels
