@@ -148,6 +148,12 @@ def test_eval_onboard_writes_three_routers_and_the_recovered_gain(tmp_path):
     # only the frontier model does arithmetic in the fixture: losing it costs AIQ
     assert aiq["full"] > aiq["without"]
     assert "gain_recovered" in result.output
+    # the worker's own column by log loss, printed. The fixture's frontier model is right on every
+    # training query, so its mean label alone already scores best and the share is undefined
+    column = ob["column_log_loss"]
+    assert all(column[key] > 0 for key in ("ours", "full", "base"))
+    assert column["base"] < column["full"] and column["recovered"] is None
+    assert "log loss on the test queries" in result.output and "recovered n/a" in result.output
     # the paired bootstrap: an interval around the figures; losing the frontier model never helps
     low, high = ob["full_minus_without_interval"]
     assert 0 <= low <= aiq["full"] - aiq["without"] <= high
@@ -263,3 +269,14 @@ def test_the_probe_curve_refuses_more_probes_than_its_pool():
         probe_curve(Z, y, np.full(100, 0.9), probe_counts=(60,))
     with pytest.raises(ValueError, match="Z must be"):
         probe_curve(Z, y[:50], np.full(100, 0.9))
+
+
+def test_the_column_summary_reads_as_a_share_of_full_labels_gain():
+    from router.offline.onboard_eval import _column_summary
+
+    y = np.array([1.0, 0.0, np.nan])  # the unlabelled query is left out
+    summary = _column_summary([0.5, 0.6], np.array([0.9, 0.1, 0.5]), y, base_rate=0.5)
+    assert summary["base"] == pytest.approx(np.log(2))
+    assert summary["full"] == pytest.approx(-np.log(0.9))
+    assert summary["ours"] == pytest.approx(0.55)
+    assert summary["recovered"] == pytest.approx((np.log(2) - 0.55) / (np.log(2) + np.log(0.9)))

@@ -52,6 +52,31 @@ def onboard_cost(known_log_cost: np.ndarray, probe_known_log_cost: np.ndarray, p
     return np.exp(np.c_[known_log_cost.mean(axis=1), np.ones(len(known_log_cost))] @ coef) * smearing
 
 
+def _column_loss(p: np.ndarray, y: np.ndarray) -> float:
+    """Log loss of one worker's predicted P(success) on its labelled test queries."""
+    from router.offline.onboard_curve import log_loss
+
+    rows = ~np.isnan(y)
+    return log_loss(p[rows], y[rows])
+
+
+def _column_summary(ours: Sequence[float], full: np.ndarray, y: np.ndarray, base_rate: float) -> dict:
+    """The worker's own column on the test queries, by log loss: a figure with far less noise than the
+    AIQ ratio, since it does not hang on which queries the routers happen to win
+    (router/offline/onboard_curve.py measures it by probe count)."""
+    base = _column_loss(np.full(len(y), base_rate), y)
+    mean = float(np.mean(ours))
+    full_loss = _column_loss(full, y)
+    span = base - full_loss
+    return {
+        "ours": mean,
+        "full": full_loss,
+        "base": base,
+        "recovered": None if span <= 0 else (base - mean) / span,
+        "note": "base: the worker's mean training label for every query; recovered = (base - ours) / (base - full)",
+    }
+
+
 def evaluate_onboarding(
     train: RoutingDataset,
     test: RoutingDataset,
@@ -108,6 +133,7 @@ def evaluate_onboarding(
         "without": router("without", without_q, full_cost, others),
     }
     draws: list[dict] = []
+    column_losses: list[float] = []
     for r in range(repeats):
         rng = np.random.default_rng(seed + r)
         rows = np.sort(rng.choice(labelled, size=probes, replace=False))
@@ -124,6 +150,7 @@ def evaluate_onboarding(
         cost[:, others] = known_cost
         probe_known_cost = CostModel().fit(data.X_train[rest], C[rest][:, others]).predict(data.X_train[rows])
         cost[:, w] = onboard_cost(np.log(known_cost), np.log(probe_known_cost), C[rows, w])
+        column_losses.append(_column_loss(quality[:, w], data.test.labels[:, w]))
         draws.append(
             {
                 "seed": seed + r,
@@ -169,6 +196,9 @@ def evaluate_onboarding(
             "interval_method": METHOD,
             "formula": FORMULA,
             "aiq": {"ours": ours_aiq, "full": full, "without": without},
+            "column_log_loss": _column_summary(
+                column_losses, full_q[:, w], data.test.labels[:, w], float(np.nanmean(Y[:, w]))
+            ),
             "draws": [
                 {
                     "seed": d["seed"],

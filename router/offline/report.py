@@ -209,6 +209,13 @@ def print_onboarding(report: dict, console: Any) -> None:
     console.print(
         f"gain_recovered = {'n/a' if gain is None else f'{gain:.2f}'} (per draw: {draws}); {ob['formula']}"
     )
+    column = ob.get("column_log_loss")
+    if column:
+        share = "n/a" if column["recovered"] is None else f"{column['recovered']:.2f}"
+        console.print(
+            f"{ob['worker']}'s column, log loss on the test queries: ours {column['ours']:.4f}, "
+            f"full {column['full']:.4f}, its mean label alone {column['base']:.4f} (recovered {share})"
+        )
     band, span = ob.get("gain_recovered_interval"), ob.get("full_minus_without_interval")
     if band and span and None not in (*band, *span):  # None: the ratio was undefined on every resample
         console.print(
