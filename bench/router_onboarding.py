@@ -54,6 +54,7 @@ def run(fmt: str, worker: str, probes: int, split: Path, prices: Path, cli: Path
         "gain_recovered_interval": ob["gain_recovered_interval"],
         "full_minus_without_interval": ob["full_minus_without_interval"],
         "per_draw": [d["gain_recovered"] for d in ob["draws"]],
+        "column_log_loss": ob["column_log_loss"],
         "n_test": report["n_test"],
     }
 
@@ -70,9 +71,11 @@ def main() -> None:
             for probes in PROBES:
                 row = run(fmt, worker, probes, args.split_dir, args.prices, cli)
                 low, high = row["gain_recovered_interval"]
+                column = row["column_log_loss"]["recovered"]
+                share = "n/a" if column is None else f"{column:.2f}"
                 print(
                     f"{fmt:12} {worker:34} {probes:4} probes: gain_recovered {row['gain_recovered']:.2f} "
-                    f"(95% interval {low:.2f} to {high:.2f})",
+                    f"(95% interval {low:.2f} to {high:.2f}); column log loss recovered {share}",
                     flush=True,
                 )
                 rows.append(row)
