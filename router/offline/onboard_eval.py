@@ -28,6 +28,7 @@ from router.costs import CostModel
 from router.offline.dataset import RoutingDataset
 from router.offline.intervals import METHOD, PerQuery, interval, resampled_aiq
 from router.offline.metrics import DEFAULT_LAMBDAS
+from router.offline.onboard_curve import log_loss
 from router.offline.pool import PoolData, fit_quality_model, score_aiq, single_workers, swept_router
 from router.onboard import DEFAULT_ALPHA, fit_vector
 from router.quality import _logit, _sigmoid
@@ -54,16 +55,14 @@ def onboard_cost(known_log_cost: np.ndarray, probe_known_log_cost: np.ndarray, p
 
 def _column_loss(p: np.ndarray, y: np.ndarray) -> float:
     """Log loss of one worker's predicted P(success) on its labelled test queries."""
-    from router.offline.onboard_curve import log_loss
-
     rows = ~np.isnan(y)
     return log_loss(p[rows], y[rows])
 
 
 def _column_summary(ours: Sequence[float], full: np.ndarray, y: np.ndarray, base_rate: float) -> dict:
-    """The worker's own column on the test queries, by log loss: a figure with far less noise than the
-    AIQ ratio, since it does not hang on which queries the routers happen to win
-    (router/offline/onboard_curve.py measures it by probe count)."""
+    """The worker's own column on the test queries, by log loss: unlike the AIQ ratio, a figure that does
+    not hang on which queries the routers happen to win (router/offline/onboard_curve.py measures it
+    by probe count on training files)."""
     base = _column_loss(np.full(len(y), base_rate), y)
     mean = float(np.mean(ours))
     full_loss = _column_loss(full, y)
