@@ -26,6 +26,8 @@ from rich.table import Table
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from router_onboarding import RUNS  # noqa: E402  the same workers as the AIQ runs (this script's folder)
+
 from router.offline.formats import load_format  # noqa: E402
 from router.offline.onboard_curve import (  # noqa: E402
     DEFAULT_DRAWS,
@@ -39,10 +41,6 @@ from router.quality import _logit  # noqa: E402
 from router.training import feature_builder  # noqa: E402
 
 OUT = ROOT / "bench" / "results" / "onboarding_curve.json"
-RUNS = {  # as bench/router_onboarding.py
-    "routerbench": ("gpt-3.5-turbo-1106", "gpt-4-1106-preview", "zero-one-ai/Yi-34B-Chat"),
-    "llmrouter": ("llama-3.1-nemotron-51b-instruct", "qwen2.5-7b-instruct"),
-}
 MODEL = "ensemble"
 FOLDS = 5
 

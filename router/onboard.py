@@ -56,12 +56,19 @@ def _shifted_loss(z: np.ndarray, y: np.ndarray) -> float:
     return float(minimize_scalar(loss, bounds=(-8.0, 8.0), method="bounded").fun)
 
 
-def prior_vector(Z: np.ndarray, y: np.ndarray, temperature: float = PRIOR_TEMPERATURE) -> np.ndarray:
-    """β₀: weights over the known workers, softmax of how well each one (shifted) explains the probes."""
-    losses = np.array([_shifted_loss(Z[:, j], y) for j in range(Z.shape[1])])
-    score = -(losses - losses.min()) / temperature
-    weights = np.exp(score)
-    return weights / weights.sum()
+def prior_vector(
+    Z: np.ndarray, y: np.ndarray, temperature: float = PRIOR_TEMPERATURE, components: np.ndarray | None = None
+) -> np.ndarray:
+    """β₀: weights over the known workers, softmax of how well each one (shifted) explains the probes.
+
+    ``components`` [m, k] mixes other candidate vectors the same way (each scored as ``Z @ c``); the
+    default is the known workers themselves, the identity. The offline evaluation compares another
+    set of candidates with it (router/offline/onboard_curve.py)."""
+    candidates = Z.T if components is None else (Z @ np.asarray(components).T).T  # one row per candidate
+    losses = np.array([_shifted_loss(z, y) for z in candidates])
+    weights = np.exp(-(losses - losses.min()) / temperature)
+    weights /= weights.sum()
+    return weights if components is None else weights @ components
 
 
 def fit_vector(

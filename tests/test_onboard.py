@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from polyroute.cli import app
 from router import LearnedRouter, feature_builder_for, load_current, save_artifact, train_artifact
-from router.offline.onboard_curve import known_worker_vectors, mixture_prior, probe_curve
+from router.offline.onboard_curve import known_worker_vectors, probe_curve
 from router.offline.split import write_split
 from router.onboard import OnboardedQuality, fit_vector, onboard_artifact, prior_vector
 from router.quality import _sigmoid
@@ -217,7 +217,7 @@ def test_the_onboarding_table_prints_when_the_ratio_is_undefined_on_every_resamp
 def test_the_identity_mixture_is_the_products_prior():
     Z = _known_log_odds(200, 4)
     y = (np.random.default_rng(5).random(200) < _sigmoid(Z[:, 0])).astype(float)
-    assert np.allclose(mixture_prior(Z, y, np.eye(3)), prior_vector(Z, y))
+    assert np.allclose(prior_vector(Z, y, components=np.eye(3)), prior_vector(Z, y))
 
 
 def test_an_explicit_prior_is_the_vector_few_probes_stay_near():

@@ -38,29 +38,27 @@ from typing import Any
 
 import numpy as np
 
-from router.onboard import DEFAULT_ALPHA, PRIOR_TEMPERATURE, _shifted_loss, fit_vector
-from router.quality import PROB_EPS, _sigmoid
+from router.onboard import DEFAULT_ALPHA, _bce, fit_vector, prior_vector
+from router.quality import _sigmoid
 
 DEFAULT_PROBE_COUNTS = (25, 50, 100, 200, 400)
 DEFAULT_DRAWS = 20
-PRIORS = ("shifted", "known_vectors")
 
 
 def log_loss(p: np.ndarray, y: np.ndarray) -> float:
     """Mean binary cross-entropy; soft labels allowed."""
-    p = np.clip(p, PROB_EPS, 1.0 - PROB_EPS)
-    return float(-np.mean(y * np.log(p) + (1.0 - y) * np.log(1.0 - p)))
+    return _bce(p, y) / len(y)
 
 
-def mixture_prior(
-    Z: np.ndarray, y: np.ndarray, components: np.ndarray, temperature: float = PRIOR_TEMPERATURE
-) -> np.ndarray:
-    """β₀ as a softmax mixture of candidate vectors ``components`` [m, k], each weighted by how well it
-    explains the probes once shifted by an offset. With the identity as components this is
-    router/onboard.prior_vector."""
-    losses = np.array([_shifted_loss(Z @ c, y) for c in components])
-    weights = np.exp(-(losses - losses.min()) / temperature)
-    return (weights / weights.sum()) @ components
+def share_recovered(base: float, full: float, loss: float) -> float | None:
+    """(base − loss) / (base − full): the share of full labels' log-loss gain over the mean label that
+    ``loss`` reaches; None when full labels gain nothing."""
+    span = base - full
+    return None if span <= 0 else (base - loss) / span
+
+
+def _standard_error(values: Sequence[float]) -> float | None:
+    return float(np.std(values, ddof=1) / np.sqrt(len(values))) if len(values) > 1 else None
 
 
 def known_worker_vectors(Z: np.ndarray, Y_known: np.ndarray, alpha: float = 1.0) -> np.ndarray:
@@ -103,13 +101,13 @@ def probe_curve(
     rng = np.random.default_rng(seed)
     labelled = rng.permutation(np.flatnonzero(~np.isnan(y)))
     pool, scored = np.sort(labelled[: len(labelled) // 2]), np.sort(labelled[len(labelled) // 2 :])
-    too_many = [n for n in probe_counts if n > len(pool)]
-    if too_many or min(probe_counts, default=0) < 5:
+    if not probe_counts or min(probe_counts) < 5 or max(probe_counts) > len(pool):
         raise ValueError(
             f"probe counts {list(probe_counts)}: each must be between 5 and the pool's {len(pool)} queries"
         )
     k = Z.shape[1]
-    components = {"shifted": np.eye(k)}
+    # None: prior_vector's default candidates, the known workers themselves
+    components: dict[str, np.ndarray | None] = {"shifted": None}
     if known_vectors is not None:
         components["known_vectors"] = np.vstack([np.eye(k), known_vectors])
     y_scored = y[scored]
@@ -123,10 +121,9 @@ def probe_curve(
         "full": log_loss(full[scored], y_scored),
         "ceiling": scored_loss(*fit_vector(Z[pool], y[pool], alpha)),
     }
-    span = base - reference["full"]
 
     def recovered(loss: float) -> float | None:
-        return None if span <= 0 else (base - loss) / span
+        return share_recovered(base, reference["full"], loss)
 
     rows = []
     for n in probe_counts:
@@ -135,22 +132,19 @@ def probe_curve(
             probes = rng.choice(pool, size=n, replace=False)
             Zp, yp = Z[probes], y[probes]
             for name, C in components.items():
-                beta0 = mixture_prior(Zp, yp, C)
+                beta0 = prior_vector(Zp, yp, components=C)
                 losses[name].append(scored_loss(*fit_vector(Zp, yp, alpha, prior=beta0)))
         row: dict[str, Any] = {"probes": n}
         for name, values in losses.items():
             mean = float(np.mean(values))
             row[name] = {
                 "log_loss": mean,
-                "log_loss_se": float(np.std(values, ddof=1) / np.sqrt(draws)) if draws > 1 else None,
+                "log_loss_se": _standard_error(values),
                 "recovered": recovered(mean),
             }
         if "known_vectors" in losses:
             diff = np.subtract(losses["known_vectors"], losses["shifted"])
-            row["known_vectors_minus_shifted"] = {
-                "mean": float(diff.mean()),
-                "se": float(diff.std(ddof=1) / np.sqrt(draws)) if draws > 1 else None,
-            }
+            row["known_vectors_minus_shifted"] = {"mean": float(diff.mean()), "se": _standard_error(diff)}
         rows.append(row)
         if progress:
             progress(f"{n} probes: log loss {row['shifted']['log_loss']:.4f} (shifted prior)")

@@ -28,7 +28,7 @@ from router.costs import CostModel
 from router.offline.dataset import RoutingDataset
 from router.offline.intervals import METHOD, PerQuery, interval, resampled_aiq
 from router.offline.metrics import DEFAULT_LAMBDAS
-from router.offline.onboard_curve import log_loss
+from router.offline.onboard_curve import log_loss, share_recovered
 from router.offline.pool import PoolData, fit_quality_model, score_aiq, single_workers, swept_router
 from router.onboard import DEFAULT_ALPHA, fit_vector
 from router.quality import _logit, _sigmoid
@@ -66,12 +66,11 @@ def _column_summary(ours: Sequence[float], full: np.ndarray, y: np.ndarray, base
     base = _column_loss(np.full(len(y), base_rate), y)
     mean = float(np.mean(ours))
     full_loss = _column_loss(full, y)
-    span = base - full_loss
     return {
         "ours": mean,
         "full": full_loss,
         "base": base,
-        "recovered": None if span <= 0 else (base - mean) / span,
+        "recovered": share_recovered(base, full_loss, mean),
         "note": "base: the worker's mean training label for every query; recovered = (base - ours) / (base - full)",
     }
 
