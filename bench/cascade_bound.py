@@ -51,7 +51,7 @@ sys.path.insert(0, str(ROOT))
 
 from router.offline.book import AnswerBook  # noqa: E402
 from router.offline.code_runs import code_runs_for  # noqa: E402
-from router.offline.metrics import aiq, summed_frontier, upper_hull  # noqa: E402
+from router.offline.metrics import aiq_within, summed_frontier, upper_hull  # noqa: E402
 from router.offline.plan_table_fit import PlanScores, clusters_of  # noqa: E402
 from router.offline.routerbench import load_routerbench  # noqa: E402
 from router.offline.single import DEFAULT_MODEL  # noqa: E402
@@ -183,7 +183,7 @@ def hindsight(plans: Plans, best: int, console: Console, folds_k: int = 5) -> di
                 curve.append((spent / n, correct / n))
             points = np.array(curve)
             chosen = _frontier_figures(points, unit, target)
-            chosen["aiq"] = round(aiq(points[points[:, 0] <= dearest * (1 + 1e-9)], dearest), 4)
+            chosen["aiq"] = round(aiq_within(points, dearest), 4)
         out["cells"][f"{bins}_per_cluster"] = {
             "cells": len(cells),
             "smallest_cell": int(min(len(cell) for cell in cells)),
@@ -239,7 +239,7 @@ def main() -> None:
     grid = [0.0, *np.geomspace(1e-3, 10, 80)]
     curves = {pick: np.array([sweep(lam, pick)[::-1] for lam in grid]) for pick in ("train", "test")}
     # points dearer than the dearest single model are left out, as the harness does (pool.score_aiq)
-    aiqs = {pick: aiq(c[c[:, 0] <= dearest * (1 + 1e-9)], dearest) for pick, c in curves.items()}
+    aiqs = {pick: aiq_within(c, dearest) for pick, c in curves.items()}
 
     rows = []
     for lam in LAMBDAS:
