@@ -174,3 +174,16 @@ def test_without_meaning_keys_free_text_agrees_with_nobody(upstream, trained, ta
         assert len(rounds) == 2  # even word-for-word the same free text: the fallback settles it
     finally:
         plain.server.stop()
+
+
+def test_the_trace_lists_a_rounds_voters_in_the_plans_order_whoever_finishes_first(gw, upstream):
+    """The first voter answers last: its step still comes first in the trace, as in the header."""
+    texts = {"cheap": "A", "mid": "B", "pricey": "C"}
+    cost_weight, expected = pick(gw, texts, two_voters)
+    behave_all(upstream, texts)
+    upstream.behave(f"{expected[0][0]}-model", text=texts[expected[0][0]], latency_s=0.5)
+    answer = ask(gw, cost_weight=cost_weight)
+    assert answer.status_code == 200, answer.text
+    rounds = header_steps(answer)
+    assert rounds == expected
+    assert [s["worker"] for s in trace_of(answer)["steps"]] == [w for r in rounds for w in r]

@@ -123,6 +123,13 @@ class Planned:
             results = await asyncio.gather(
                 *(run.call("answer", pool[k], run.messages) for k in decision.call), return_exceptions=True
             )
+            # Run.call records a step when its call ends, so a round's steps arrive in whatever order
+            # its workers finished; list them in the plan's order, as the header does, so the trace
+            # reads the same on a busy machine as on an idle one
+            place = {pool[k].name: i for i, k in enumerate(decision.call)}
+            run.steps[before:] = sorted(
+                run.steps[before:], key=lambda step: place.get(step.worker, len(place))
+            )
             verdict = f"round {round_no}: {decision.reason}"
             went: list[str] = []
             for k, result in zip(decision.call, results, strict=True):
