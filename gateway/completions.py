@@ -394,9 +394,12 @@ def final_error(failures: list[WorkerError]) -> APIError:
 class BudgetRefusal(WorkerError):
     """A worker skipped because reserving its predicted cost would overspend (or cannot be checked)."""
 
-    def __init__(self, worker: str, status: int, message: str, code: str) -> None:
+    def __init__(
+        self, worker: str, status: int, message: str, code: str, left_micros: int | None = None
+    ) -> None:
         super().__init__(worker, status, message, fallback=status == 403)
         self.code = code
+        self.left_micros = left_micros  # what the budget still had, when it was the budget that refused
 
 
 def tenant_budget(engine, tenant: str) -> Limits:
@@ -532,7 +535,9 @@ class Exchange:
         try:
             reservation = await state.stores.budgets.reserve(self.tenant, micros, self.budget)
         except BudgetExceeded as exc:
-            raise BudgetRefusal(worker.name, 403, f"budget:{exc.period}: {exc}", "budget_exceeded") from None
+            raise BudgetRefusal(
+                worker.name, 403, f"budget:{exc.period}: {exc}", "budget_exceeded", exc.left_micros
+            ) from None
         except StoreUnavailable as exc:
             state.metrics.store_unavailable.labels("budgets").inc()
             raise BudgetRefusal(

@@ -83,6 +83,8 @@ SAMPLING = (
     "frequency_penalty",
     "seed",
 )
+# The client's output format: sent to the steps whose answer may be returned, not to a judge's (base.JUDGING_ROLES)
+ANSWER_FORMAT = ("response_format", "logprobs", "top_logprobs", "logit_bias")
 ACCEPTANCE_FILE = "acceptance.joblib"
 STREAM_CHUNK_CHARS = 48
 
@@ -273,9 +275,14 @@ def degraded_trace(
     }
 
 
-def _ceiling(state, chat: ChatCompletionRequest) -> Decimal:
+def _ceiling(state, chat: ChatCompletionRequest, admission) -> Decimal:
+    """What the whole workflow may spend: the gateway's setting, lowered by the client's
+    metadata.max_cost_usd and by the policy's max_request_cost_usd (a rule caps a request, and a
+    workflow is one request however many workers it asks)."""
     raw = (chat.metadata or {}).get("max_cost_usd")
     ceiling = Decimal(repr(state.settings.compose_max_cost_usd))
+    if admission is not None and admission.max_request_cost_usd is not None:
+        ceiling = min(ceiling, admission.max_request_cost_usd)
     if raw is None:
         return ceiling
     try:
@@ -399,11 +406,10 @@ def _asker(state, deadline: float):
 async def respond(state, request: Request, ex, composition: Composition) -> Response:
     """Run the workflow inside the reserved ceiling and answer (JSON or SSE) with its trace."""
     from gateway.completions import BudgetRefusal, format_cost
-    from gateway.store import to_micros
 
     chat = ex.chat
     try:
-        ceiling = _ceiling(state, chat)
+        ceiling = _ceiling(state, chat, ex.admission)
         workflow = workflow_for(state, composition, chat)
     except APIError as err:
         err.headers = {**ex.headers, **err.headers}
@@ -411,7 +417,7 @@ async def respond(state, request: Request, ex, composition: Composition) -> Resp
     strategy = f"{PREFIX}{composition.workflow}"
     headers = {**ex.headers, "x-polyroute-strategy": strategy, "x-polyroute-route-reason": composition.reason}
     try:
-        await ex.hold(state, composition.pool[0], micros=to_micros(ceiling))
+        ceiling = await _hold(state, ex, composition.pool, ceiling)
     except BudgetRefusal as refusal:
         err = APIError(
             refusal.status,
@@ -423,14 +429,17 @@ async def respond(state, request: Request, ex, composition: Composition) -> Resp
         await ex.finish(state, None, err.status, [refusal], strategy=strategy)
         return error_response(err)
     params = {k: v for k in SAMPLING if (v := getattr(chat, k)) is not None}
+    deadline = asyncio.get_running_loop().time() + ex.remaining(state)
     run = Run(
         messages=memory.workflow_messages(ex.memory, chat.messages_payload()),
         pool=composition.pool,
-        ask=_asker(state, asyncio.get_running_loop().time() + ex.remaining(state)),
+        ask=_asker(state, deadline),
+        deadline=deadline,
         ceiling_usd=ceiling,
         cost_weight=composition.cost_weight,
         max_tokens=chat.output_budget(),
         params=params,
+        answer_params={k: v for k in ANSWER_FORMAT if (v := getattr(chat, k)) is not None},
         step_timeout_s=state.settings.compose_step_timeout_s,
         seed=zlib.crc32(ex.request_id.encode()),
     )
@@ -496,7 +505,6 @@ async def respond(state, request: Request, ex, composition: Composition) -> Resp
 
 def _completion(final: Answer, usage: dict, extra: dict, request_id: str) -> dict[str, Any]:
     base = final.body or {}
-    choice = (base.get("choices") or [{}])[0]
     return {
         "id": base.get("id") or "chatcmpl-" + request_id,
         "object": "chat.completion",
@@ -506,13 +514,46 @@ def _completion(final: Answer, usage: dict, extra: dict, request_id: str) -> dic
             {
                 "index": 0,
                 "message": {"role": "assistant", "content": final.text},
-                "logprobs": None,
-                "finish_reason": choice.get("finish_reason") or "stop",
+                "logprobs": _choice(final).get("logprobs"),
+                "finish_reason": _finish_reason(final),
             }
         ],
         "usage": usage,
         "polyroute": extra,
     }
+
+
+async def _hold(state, ex, pool: tuple[Worker, ...], ceiling: Decimal) -> Decimal:
+    """Reserve the workflow's ceiling on the tenant's budget, and return the ceiling the run keeps.
+
+    When less than the ceiling is left of the budget, the ceiling shrinks to what is left, as long as
+    the cheapest worker's step still fits: a tenant with $0.05 left is still answered (each step is
+    checked against the smaller ceiling, so the budget is never overspent) instead of refused
+    because the default ceiling is $0.10. Raises BudgetRefusal when not even that fits."""
+    from gateway.completions import BudgetRefusal
+    from gateway.store import to_micros
+    from gateway.store.budgets import MICRO
+
+    try:
+        await ex.hold(state, pool[0], micros=to_micros(ceiling))
+        return ceiling
+    except BudgetRefusal as refusal:
+        left = refusal.left_micros
+        chat = ex.chat
+        cheapest = min(predicted_cost(w, chat.prompt_chars(), chat.output_budget()) for w in pool)
+        if not left or to_micros(cheapest) > left:
+            raise
+    await ex.hold(state, pool[0], micros=left)
+    return Decimal(left) / MICRO
+
+
+def _finish_reason(final: Answer) -> str:
+    """Why the chosen answer ended, as its worker said ("length": cut at max_tokens), in JSON and SSE alike."""
+    return _choice(final).get("finish_reason") or "stop"
+
+
+def _choice(final: Answer) -> dict[str, Any]:
+    return ((final.body or {}).get("choices") or [{}])[0]
 
 
 async def _sse(final: Answer, usage: dict | None, extra: dict, request_id: str):
@@ -535,7 +576,7 @@ async def _sse(final: Answer, usage: dict | None, extra: dict, request_id: str):
     text = final.text
     for start in range(0, len(text), STREAM_CHUNK_CHARS):
         yield chunk({"content": text[start : start + STREAM_CHUNK_CHARS]})
-    yield chunk({}, "stop")
+    yield chunk({}, _finish_reason(final))
     if usage is not None:
         yield (
             b"data: " + orjson.dumps({**common, "choices": [], "usage": usage, "polyroute": extra}) + b"\n\n"

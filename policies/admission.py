@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
+from decimal import Decimal
 
 from policies.catalog import Catalog, Kind, Worker
 
@@ -33,6 +34,8 @@ class Admission:
     data_class_reasons: tuple[str, ...] = ()
     rules_applied: tuple[str, ...] = ()
     prefer_fewer_active_params: float = 0.0
+    # the tightest max_request_cost_usd of the rules applied: a workflow's whole request stays under it
+    max_request_cost_usd: Decimal | None = None
 
     def exclusion_for(self, name: str) -> Exclusion | None:
         return next((e for e in self.excluded if e.worker == name), None)

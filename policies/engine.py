@@ -307,4 +307,8 @@ class PolicyEngine:
             data_class_reasons=classification.reasons,
             rules_applied=tuple(r.rule.id for r in rules),
             prefer_fewer_active_params=self.policy.preferences.prefer_fewer_active_params,
+            max_request_cost_usd=min(
+                (r.rule.max_request_cost_usd for r in rules if r.rule.max_request_cost_usd is not None),
+                default=None,
+            ),
         )

@@ -8,7 +8,16 @@ router/evidence.py, which itself imports this package's acceptance checks.
 """
 
 from router.compose.acceptance import AcceptanceModel, acceptance_threshold, answer_features, final_answer
-from router.compose.base import Answer, CeilingReached, Outcome, Run, Step, StepFailed, Workflow
+from router.compose.base import (
+    Answer,
+    CeilingReached,
+    DeadlineReached,
+    Outcome,
+    Run,
+    Step,
+    StepFailed,
+    Workflow,
+)
 from router.compose.builder import BuilderVerifier, run_tests
 from router.compose.cascade import Cascade
 from router.compose.choose import (
@@ -32,6 +41,7 @@ __all__ = [
     "Cascade",
     "CascadePrediction",
     "CeilingReached",
+    "DeadlineReached",
     "ConsistencyVerifier",
     "Debate",
     "Ensemble",

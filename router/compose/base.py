@@ -18,6 +18,18 @@ from decimal import Decimal
 from typing import Any, Protocol
 
 from policies import Worker, predicted_cost
+from policies.cost import estimate_tokens
+
+# Output tokens assumed at most for a worker whose catalog entry gives no max_output_tokens, when the
+# ceiling would allow more than this: no max_tokens is sent then (a larger one may be refused by the
+# provider), so only a worker with max_output_tokens in the catalog is bounded strictly.
+UNKNOWN_OUTPUT_LIMIT = 4096
+MILLION = Decimal(1_000_000)
+
+
+# Steps whose output the workflow reads as a verdict (a judge's pick, a reviewer's critique), not as an
+# answer the client may get: the client's output format (JSON mode, logprobs) would only garble them.
+JUDGING_ROLES = frozenset({"judge", "verifier"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +70,11 @@ class StepFailed(Exception):
 
 class CeilingReached(Exception):
     """The next step's predicted cost would pass the request's ceiling: the workflow must stop."""
+
+
+class DeadlineReached(CeilingReached):
+    """The request's deadline has passed: no step may start, and the workflow stops as it does at
+    the ceiling (a subclass, so every workflow that stops at the ceiling stops here too)."""
 
 
 @dataclass(slots=True)
@@ -107,8 +124,11 @@ class Run:
     cost_weight: float = 0.5
     max_tokens: int | None = None
     params: dict[str, Any] = field(default_factory=dict)  # the client's sampling parameters
+    # the client's output format (response_format, logprobs...): sent to every step but JUDGING_ROLES'
+    answer_params: dict[str, Any] = field(default_factory=dict)
     step_timeout_s: float = 60.0
     seed: int = 0
+    deadline: float | None = None  # the request's, in event-loop time: no step starts after it
     steps: list[Step] = field(default_factory=list)
     spent_usd: Decimal = Decimal(0)
     _reserved: Decimal = Decimal(0)  # predicted cost of steps in flight (parallel members)
@@ -133,32 +153,107 @@ class Run:
     def predict(self, worker: Worker, messages: Sequence[dict[str, Any]]) -> Decimal:
         return predicted_cost(worker, chars(messages), self.max_tokens)
 
-    async def call(self, role: str, worker: Worker, messages: list[dict[str, Any]], **params: Any) -> Answer:
+    def room(self) -> Decimal:
+        """What is left of the ceiling for steps not yet started."""
+        return self.ceiling_usd - self.spent_usd - self._reserved
+
+    def split(self, workers: Sequence[Worker], messages: Sequence[dict[str, Any]]) -> list[Decimal]:
+        """The room shared among steps about to run together, in proportion to their predicted costs:
+        pass each its share as ``allowance``, so the first to start does not hold the others' room.
+        When their predictions do not all fit, the first ones that do share it and the rest get 0 (the
+        ceiling refuses them, as it would have refused them one after the other)."""
+        predicted = [self.predict(w, messages) for w in workers]
+        left = self.room()
+        fits = []  # in order, the steps whose predictions fit what the earlier ones leave
+        for p in predicted:
+            fits.append(p <= left)
+            left -= p if fits[-1] else 0
+        total = sum((p for p, ok in zip(predicted, fits, strict=True) if ok), Decimal(0))
+        room = self.room()
+        if total <= 0:  # free steps, or none fits: an even split (a step that does not fit is refused)
+            return [room / len(workers) if ok else Decimal(0) for ok in fits] if workers else []
+        return [room * p / total if ok else Decimal(0) for p, ok in zip(predicted, fits, strict=True)]
+
+    def _output_bound(
+        self, worker: Worker, messages: Sequence[dict[str, Any]], allowance: Decimal
+    ) -> tuple[int | None, Decimal]:
+        """For a step the client set no output budget for: the max_tokens to send so that the step
+        cannot cost more than ``allowance`` (None: none needed), and the most the step can then cost,
+        which is what it holds of the ceiling while it runs. Without this a worker writing 2,000
+        tokens where 256 were predicted passes the ceiling, and the budget with it."""
+        prompt_tokens, _ = estimate_tokens(chars(messages), None)
+        prompt_cost = worker.cost_usd(prompt_tokens, 0)
+        per_token = worker.output_price_per_m / MILLION
+        if per_token <= 0:  # output is free: nothing to bound
+            return None, prompt_cost
+        affordable = int((allowance - prompt_cost) / per_token)
+        limit = worker.max_output_tokens
+        if limit is not None and affordable >= limit:
+            return None, prompt_cost + per_token * limit
+        if limit is None and affordable >= UNKNOWN_OUTPUT_LIMIT:
+            return None, prompt_cost + per_token * UNKNOWN_OUTPUT_LIMIT
+        return affordable, prompt_cost + per_token * affordable
+
+    def expired(self) -> bool:
+        """Whether the request's deadline has passed (no step may start)."""
+        return self.deadline is not None and asyncio.get_running_loop().time() >= self.deadline
+
+    def _timed_out(self) -> str:
+        if self.expired():
+            return "cut by the request's deadline"
+        return f"timed out after {self.step_timeout_s:g} s"
+
+    async def call(
+        self,
+        role: str,
+        worker: Worker,
+        messages: list[dict[str, Any]],
+        *,
+        allowance: Decimal | None = None,
+        **params: Any,
+    ) -> Answer:
+        """Ask ``worker``, within ``allowance`` of the ceiling (default: all the room left; steps that
+        run together pass their :meth:`split`)."""
         if worker.name not in self._names:  # a bug in a workflow must not leave the pool
             raise ValueError(f"{worker.name} is not in the admissible pool")
+        now = asyncio.get_running_loop().time()
+        if self.expired():
+            self.steps.append(Step(role, worker.name, verdict="skipped: request deadline"))
+            raise DeadlineReached(f"{role} on {worker.name}: the request's deadline has passed")
         predicted = self.predict(worker, messages)
-        if self.spent_usd + self._reserved + predicted > self.ceiling_usd:
+        room = self.room()
+        allowed = room if allowance is None else min(allowance, room)
+        if predicted > allowed:
             self.steps.append(Step(role, worker.name, verdict="skipped: cost ceiling"))
             raise CeilingReached(
                 f"{role} on {worker.name} (predicted ${predicted:.6f}) would pass the ceiling "
                 f"${self.ceiling_usd:f} (spent ${self.spent_usd:.6f})"
             )
-        self._reserved += predicted
+        shaped = {} if role in JUDGING_ROLES else self.answer_params
+        merged = {**self.params, **shaped, **params}
+        if self.max_tokens is not None:
+            merged.setdefault("max_tokens", self.max_tokens)
+        held = predicted  # with an output budget set, the prediction is the step's worst case
+        if merged.get("max_tokens") is None and merged.get("max_completion_tokens") is None:
+            bound, held = self._output_bound(worker, messages, allowed)
+            if bound is not None:
+                merged["max_tokens"] = bound
+        self._reserved += held
         started = time.perf_counter()
         step = Step(role, worker.name)
+        timeout = self.step_timeout_s
+        if self.deadline is not None:
+            timeout = min(timeout, max(0.0, self.deadline - now))
         try:
-            merged = {**self.params, **params}
-            if self.max_tokens is not None:
-                merged.setdefault("max_tokens", self.max_tokens)
-            answer = await asyncio.wait_for(self.ask(worker, messages, merged), self.step_timeout_s)
+            answer = await asyncio.wait_for(self.ask(worker, messages, merged), timeout)
         except TimeoutError:
-            step.error = f"timed out after {self.step_timeout_s:g} s"
+            step.error = self._timed_out()
             raise StepFailed(step.error) from None
         except Exception as exc:  # a worker error: the workflow decides (drop the member, stop)
             step.error = str(exc)[:300] or type(exc).__name__
             raise StepFailed(step.error) from exc
         finally:
-            self._reserved -= predicted
+            self._reserved -= held
             step.latency_ms = round((time.perf_counter() - started) * 1000, 2)
             self.steps.append(step)
         step.cost_usd = answer.cost_usd

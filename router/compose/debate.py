@@ -35,6 +35,9 @@ class Debate:
         self.judge = judge
 
     async def _round(self, run: Run, answers: dict[str, tuple[Worker, Answer]], first: bool) -> None:
+        # the debaters speak together: each gets its share of the room (predicted on the question)
+        shares = dict(zip(answers, run.split([w for w, _ in answers.values()], run.messages), strict=True))
+
         async def speak(key: str, worker: Worker, own: Answer | None):
             if first:
                 messages = run.messages
@@ -42,7 +45,8 @@ class Debate:
                 others = "\n\n".join(f"Debater {k}:\n{a.text}" for k, (_, a) in answers.items() if k != key)
                 messages = user_turn(REBUT_PROMPT.format(question=run.question, own=own.text, others=others))
             try:
-                return key, worker, await run.call("debater" if first else "rebuttal", worker, messages)
+                role = "debater" if first else "rebuttal"
+                return key, worker, await run.call(role, worker, messages, allowance=shares[key])
             except (StepFailed, CeilingReached):
                 return key, worker, None
 

@@ -39,15 +39,17 @@ class Ensemble:
     async def run(self, run: Run) -> Outcome:
         members = list(run.pool[: self.members])
         gate = asyncio.Semaphore(self.concurrency)
+        shares = run.split(members, run.messages)  # members run together: each gets its share of the room
 
-        async def member(worker: Worker) -> Answer | None:
+        async def member(worker: Worker, share) -> Answer | None:
             async with gate:
                 try:
-                    return await run.call("member", worker, run.messages)
+                    return await run.call("member", worker, run.messages, allowance=share)
                 except (StepFailed, CeilingReached):
                     return None
 
-        answers = [a for a in await asyncio.gather(*(member(w) for w in members)) if a is not None]
+        asked = await asyncio.gather(*(member(w, a) for w, a in zip(members, shares, strict=True)))
+        answers = [a for a in asked if a is not None]
         if not answers:
             return Outcome(None, self.name, run.steps, "every member failed")
         if len(answers) == 1:

@@ -20,7 +20,7 @@ from dataclasses import replace
 from typing import Any
 
 from router.answers import Kind, detect_kind
-from router.compose.base import Answer, CeilingReached, Outcome, Run, Step, StepFailed
+from router.compose.base import Answer, CeilingReached, DeadlineReached, Outcome, Run, Step, StepFailed
 from router.evidence import Answers, read_answers
 from router.planner import Decision, Plans, State
 
@@ -108,7 +108,7 @@ class Planned:
         answer_steps: list[Step] = []
         dropped: set[int] = set()  # failed, or refused by the ceiling: never called again
         rounds: list[list[str]] = []
-        ceiling_hit = False
+        ceiling_hit = deadline_hit = False
         state = State.of(question)
         decision: Decision | None = None
         for round_no in range(1, self.planner.max_calls + 1):  # each round calls at least one worker
@@ -120,8 +120,15 @@ class Planned:
             if not decision.call:
                 break
             before = len(run.steps)
+            asked = [pool[k] for k in decision.call]
+            # workers asked together share the room left, so the first to start cannot hold it all
+            shares = run.split(asked, run.messages) if len(asked) > 1 else [None]
             results = await asyncio.gather(
-                *(run.call("answer", pool[k], run.messages) for k in decision.call), return_exceptions=True
+                *(
+                    run.call("answer", w, run.messages, allowance=a)
+                    for w, a in zip(asked, shares, strict=True)
+                ),
+                return_exceptions=True,
             )
             # Run.call records a step when its call ends, so a round's steps arrive in whatever order
             # its workers finished; list them in the plan's order, as the header does, so the trace
@@ -146,6 +153,9 @@ class Planned:
                         run.steps[before:], pool[k].name
                     ).verdict = f"{verdict}; failed, dropped from the plan"
                     went.append(pool[k].name)
+                elif isinstance(result, DeadlineReached):
+                    dropped.add(k)  # run.call recorded it as "skipped: request deadline"
+                    deadline_hit = True
                 elif isinstance(result, CeilingReached):
                     dropped.add(k)  # run.call recorded it as "skipped: cost ceiling"
                     ceiling_hit = True
@@ -156,10 +166,16 @@ class Planned:
             if len(answers) > len(state.called):
                 read = await self.read(question, [a.text for a in answers])
                 state = State.of(question, called, read)
+            deadline_hit = deadline_hit or run.expired()
+            if deadline_hit:  # no time for another round: the best answer held is the answer
+                decision = self.decide(state, run, [False] * len(pool))
+                break
             decision = None
         if decision is None:  # as many rounds as the planner may make calls: stop with the best answer
             decision = self.decide(state, run, [False] * len(pool))
             decision = replace(decision, reason=f"{_plural(self.planner.max_calls, 'round')} made")
+            wanted = None
+        elif deadline_hit:
             wanted = None
         else:
             wanted = self._ceiling_blocked(state, run, called, dropped)
@@ -174,13 +190,17 @@ class Planned:
                 why = f"cost ceiling ${run.ceiling_usd:f}: no worker fits"
             else:
                 why = f"no worker answered after {done}" + ("; cost ceiling reached" if ceiling_hit else "")
+                why += "; the request's deadline passed" if deadline_hit else ""
             return Outcome(None, self.name, run.steps, why, detail)
         chosen = decision.answer
-        p = float(decision.scores[chosen]) if len(decision.scores) > chosen else float("nan")
         step = answer_steps[chosen]
-        step.verdict = f"chosen (P={p:.2f}); {step.verdict}"
+        # the planner rates the answers it chooses between; a plan table returns its plan's answer unrated
+        rated = f" (P={float(decision.scores[chosen]):.2f})" if len(decision.scores) > chosen else ""
+        step.verdict = f"chosen{rated}; {step.verdict}"
         detail["chosen"] = answers[chosen].worker
-        if ceiling_hit:
+        if deadline_hit:
+            note = f"the request's deadline passed after {done}: best answer so far"
+        elif ceiling_hit:
             wanted_text = f" (the plan wanted {wanted})" if wanted else ""
             note = f"cost ceiling reached after {done}: best answer so far{wanted_text}"
         else:

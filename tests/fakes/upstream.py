@@ -3,7 +3,8 @@ Anthropic's Messages wire on /v1/messages, for workers whose provider is anthrop
 
 Stop sequences are honoured as the providers do: the answer is cut before the first one the text
 contains; OpenAI's wire says only finish_reason "stop", Anthropic's says stop_reason "stop_sequence"
-and which one matched.
+and which one matched. On the OpenAI wire max_tokens (or max_completion_tokens) is honoured too: a
+reply longer than it is cut there, billed that many tokens and ends with finish_reason "length".
 
 It is the only stand-in the project allows (no real provider is reachable from CI). Behaviour is
 set per upstream model name — latency, error status (always or the first N calls), streaming
@@ -100,8 +101,16 @@ def _cut_at_stop(text: str, stops: Any) -> tuple[str, str | None]:
     return text[:start], stop
 
 
-def _finish(behaviour: Behaviour, tool_call: dict[str, Any] | None) -> str:
+def _finish(behaviour: Behaviour, tool_call: dict[str, Any] | None, cut: bool = False) -> str:
+    if cut:
+        return "length"
     return behaviour.finish_reason or ("tool_calls" if tool_call else "stop")
+
+
+def _output_limit(body: dict[str, Any]) -> int | None:
+    """The request's max_completion_tokens / max_tokens: a provider never writes (nor bills) more."""
+    limit = body.get("max_completion_tokens") or body.get("max_tokens")
+    return int(limit) if limit else None
 
 
 def _anthropic_error(kind: str, message: str) -> dict[str, Any]:
@@ -239,6 +248,12 @@ class FakeUpstream:
         text, stopped = _cut_at_stop(text, None if behaviour.ignore_stop else body.get("stop"))
         prompt_tokens = behaviour.prompt_tokens or _prompt_word_count(body)
         completion_tokens = behaviour.completion_tokens or len(text.split()) or 1
+        limit = _output_limit(body)
+        cut = limit is not None and completion_tokens > limit
+        if cut:  # as a provider does: stop at max_tokens, bill that many, say "length"
+            completion_tokens = limit
+            if len(text.split()) > limit:
+                text = " ".join(text.split()[:limit])
         usage = {
             "prompt_tokens": prompt_tokens,
             "completion_tokens": completion_tokens,
@@ -258,7 +273,7 @@ class FakeUpstream:
         created = int(time.time())
         if body.get("stream"):
             return StreamingResponse(
-                self._stream(body, behaviour, completion_id, created, text, usage, tool_call),
+                self._stream(body, behaviour, completion_id, created, text, usage, tool_call, cut),
                 media_type="text/event-stream",
             )
         content = behaviour.preamble if tool_call else text
@@ -275,14 +290,14 @@ class FakeUpstream:
                     {
                         "index": 0,
                         "message": message,
-                        "finish_reason": _finish(behaviour, tool_call),
+                        "finish_reason": _finish(behaviour, tool_call, cut),
                     }
                 ],
                 "usage": usage,
             }
         )
 
-    async def _stream(self, body, behaviour, completion_id, created, text, usage, tool_call):
+    async def _stream(self, body, behaviour, completion_id, created, text, usage, tool_call, cut=False):
         model = body.get("model")
 
         def chunk(delta: dict[str, Any], finish: str | None = None, **extra: Any) -> bytes:
@@ -316,7 +331,7 @@ class FakeUpstream:
                 if behaviour.chunk_delay_s:
                     await asyncio.sleep(behaviour.chunk_delay_s)
                 yield chunk({"content": word})
-        yield chunk({}, _finish(behaviour, tool_call))
+        yield chunk({}, _finish(behaviour, tool_call, cut))
         if behaviour.stream_usage and (body.get("stream_options") or {}).get("include_usage"):
             payload = {
                 "id": completion_id,
