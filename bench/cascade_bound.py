@@ -161,7 +161,9 @@ def hindsight(plans: Plans, best: int, console: Console, folds_k: int = 5) -> di
             for cell in cells:
                 _, accuracy, cost = plans.table(cell)
                 parts.append((accuracy * len(cell) / n, cost * len(cell) / n))
-            in_hindsight = _frontier_figures(summed_frontier(parts), unit, target)
+            frontier = summed_frontier(parts)
+            in_hindsight = _frontier_figures(frontier, unit, target)
+            in_hindsight["aiq"] = round(aiq_within(frontier, dearest), 4)
         with console.status(f"hindsight: {bins} prior bin(s) per cluster, plans chosen by {folds_k}-fold CV"):
             scored = []  # (train accuracy, train cost, held-out correct, held-out spent) per fold and cell
             for k in range(folds_k):
