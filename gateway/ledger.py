@@ -76,6 +76,25 @@ def storable_query(text: str | None, data_class: str | None) -> str | None:
     return text[:MAX_QUERY_CHARS]
 
 
+def numbered_lines(path: Path) -> Iterator[tuple[int, dict]]:
+    """(line number, record) per line of a ledger file, oldest first; nothing if there is no file.
+
+    A line that is not JSON (a torn write: the gateway crashed mid-line) is skipped with a warning,
+    not fatal. The numbers let a reader name the line of a record it cannot use."""
+    try:
+        fh = open(path, encoding="utf-8")  # noqa: SIM115
+    except FileNotFoundError:
+        return
+    with fh:
+        for number, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                yield number, json.loads(line)
+            except json.JSONDecodeError:
+                log.warning("ledger %s line %d is not JSON; skipped", path, number)
+
+
 class Ledger:
     """Append-only JSONL; a write is one `write()` of one line on an O_APPEND file (atomic enough
     for lines under the pipe buffer size on Linux and safe across threads under our lock)."""
@@ -132,18 +151,8 @@ class Ledger:
 
     def records(self) -> Iterator[dict]:
         """Every record, oldest first; a torn last line (a crash mid-write) is skipped, not fatal."""
-        try:
-            fh = open(self.path, encoding="utf-8")  # noqa: SIM115
-        except FileNotFoundError:
-            return
-        with fh:
-            for number, line in enumerate(fh, 1):
-                if not line.strip():
-                    continue
-                try:
-                    yield json.loads(line)
-                except json.JSONDecodeError:
-                    log.warning("ledger %s line %d is not JSON; skipped", self.path, number)
+        for _, record in numbered_lines(self.path):
+            yield record
 
     buffered = 0  # written synchronously: nothing waits in memory
 
@@ -156,6 +165,43 @@ class Ledger:
     def close(self) -> None:
         with self._lock:
             self._fh.close()
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def record_problem(record: object) -> str | None:
+    """What makes a record unusable for :func:`training_rows` and `router train` (None: nothing).
+
+    The gateway writes every field checked here; a record that lacks one was edited or written by
+    something else. Checked before training so the error can name the record's line instead of a
+    KeyError halfway through; the fields mirror RequestRecord and FeedbackRecord."""
+    if not isinstance(record, dict) or record.get("type") not in ("request", "feedback"):
+        return "not a ledger record (a JSON object with type request or feedback)"
+    if record["type"] == "feedback":
+        if not isinstance(record.get("request_id"), str) or not record["request_id"]:
+            return "feedback without a request_id"
+        if "score" not in record:
+            return "feedback without a score"
+        score = record["score"]
+        if not _number(score) or not 0 <= score <= 1:
+            return f"feedback score {score!r} is not a number from 0 to 1"
+        if not isinstance(record.get("source") or "user", str):
+            return f"feedback source {record['source']!r} is not a string"
+        return None
+    if not isinstance(record.get("id"), str) or not record["id"]:
+        return "request without an id"
+    for name in ("query", "worker"):
+        if record.get(name) is not None and not isinstance(record[name], str):
+            return f"request {name} {record[name]!r} is not a string"
+    turns = record.get("turns", 1)
+    if not isinstance(turns, int) or isinstance(turns, bool) or turns < 1:
+        return f"request turns {turns!r} is not a positive whole number"
+    for name in ("cost_micros", "completion_tokens"):
+        if record.get(name) is not None and (not _number(record[name]) or record[name] < 0):
+            return f"request {name} {record[name]!r} is not a number >= 0"
+    return None
 
 
 def training_rows(records: Iterator[dict], weights: Mapping[str, float] | None = None) -> list[dict]:

@@ -21,6 +21,16 @@ log = logging.getLogger("polyroute.ledger")
 
 def ledger_records(data_dir: Path, redis_url: str | None) -> Iterator[dict]:
     """Every ledger record, oldest first: from Redis when a URL is given, else `<data dir>/ledger.jsonl`."""
+    for _, record in located_ledger_records(data_dir, redis_url):
+        yield record
+
+
+def located_ledger_records(data_dir: Path, redis_url: str | None) -> Iterator[tuple[str, dict]]:
+    """(where, record) per ledger record, oldest first: ``PATH:LINE`` in the file, ``redis record N``
+    in Redis, so a reader can name a record it cannot use.
+
+    The file is read, not opened as a Ledger (which appends, sets permissions and reads the whole
+    file once more for its index, repeating every warning about a torn line)."""
     if redis_url:
         import redis
 
@@ -28,18 +38,17 @@ def ledger_records(data_dir: Path, redis_url: str | None) -> Iterator[dict]:
         from gateway.store.ledger_redis import RedisLedger
 
         client = redis.Redis.from_url(redis_url, socket_timeout=5, socket_connect_timeout=2)
-        yield from RedisLedger(client, Breaker("Redis"), spill_path=None).records()
+        records = RedisLedger(client, Breaker("Redis"), spill_path=None).records()
+        for number, record in enumerate(records, 1):
+            yield f"redis record {number}", record
         return
-    from gateway.ledger import Ledger
+    from gateway.ledger import numbered_lines
 
     path = Path(data_dir) / "ledger.jsonl"
     if not path.exists():
         raise FileNotFoundError(f"no ledger at {path} (has this gateway served a request?)")
-    ledger = Ledger(path)
-    try:
-        yield from ledger.records()
-    finally:
-        ledger.close()
+    for number, record in numbered_lines(path):
+        yield f"{path}:{number}", record
 
 
 def file_records(path: Path) -> Iterator[dict]:
@@ -47,6 +56,12 @@ def file_records(path: Path) -> Iterator[dict]:
 
     A torn last line (a crash mid-write) is skipped as the gateway's own reader skips it; a file that
     is not a ledger at all fails on its first bad line, naming it."""
+    for _, record in located_file_records(path):
+        yield record
+
+
+def located_file_records(path: Path) -> Iterator[tuple[str, dict]]:
+    """:func:`file_records` with each record's ``PATH:LINE``."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no ledger file at {path}")
@@ -64,7 +79,7 @@ def file_records(path: Path) -> Iterator[dict]:
             raise ValueError(f"{path}:{number}: not a JSON ledger record") from None
         if not isinstance(record, dict) or record.get("type") not in ("request", "feedback"):
             raise ValueError(f"{path}:{number}: not a ledger record (no type request/feedback)")
-        yield record
+        yield f"{path}:{number}", record
 
 
 def select(records: Iterator[dict], kind: str, since: datetime | None) -> Iterator[dict]:

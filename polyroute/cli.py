@@ -334,6 +334,57 @@ def _routellm_root(data: Path | None) -> Path:
     return root
 
 
+def _check_output(path: Path, option: str) -> None:
+    """Refuse a result path that cannot be written, before the run rather than after it (when the
+    results of minutes of work would be lost): a directory, or a path under a regular file."""
+    if path.is_dir():
+        raise typer.BadParameter(f"{path} is a directory: give a file name", param_hint=option)
+    for parent in path.parents:
+        if not parent.exists():
+            continue  # created when the result is written
+        if not parent.is_dir():
+            raise typer.BadParameter(f"{parent} is a file, so {path} cannot be created", param_hint=option)
+        if not os.access(parent, os.W_OK):
+            raise typer.BadParameter(f"cannot write into {parent}", param_hint=option)
+        return
+
+
+def _check_plot(path: Path) -> None:
+    """A plot path needs an image extension matplotlib writes: without one, matplotlib silently adds
+    .png (so the file is not where we said), and an unknown one fails after the run."""
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    _check_output(path, "--plot")
+    kinds = FigureCanvasBase.get_supported_filetypes()
+    if path.suffix.lower().lstrip(".") not in kinds:
+        raise typer.BadParameter(
+            f"{path} needs an image extension: one of {', '.join('.' + k for k in sorted(kinds))}",
+            param_hint="--plot",
+        )
+
+
+def _check_outputs(out: Path | None, plot: Path | None) -> None:
+    if out is not None:
+        _check_output(out, "--out")
+    if plot is not None:
+        _check_plot(plot)
+
+
+def _check_version(root: Path, version: str) -> None:
+    """A version named on the command line: a name `router status` lists, never a path (so
+    `../router` cannot reach outside the router dir)."""
+    from router import is_version_name
+
+    if not is_version_name(version):
+        raise typer.BadParameter(
+            f"{version!r} is not a router version name (see `polyroute router status`)",
+            param_hint="--candidate",
+        )
+    if not (root / version).is_dir():
+        console.print(f"[red]no router version {version!r} in {root}[/] (see `polyroute router status`)")
+        raise typer.Exit(1)
+
+
 def _renames(items: list[str] | None) -> dict[str, str]:
     """``--map DATASET_WORKER=CATALOG_WORKER`` options as a dict; a malformed one exits with 2."""
     renames = {}
@@ -368,21 +419,35 @@ def _source_weights(calibration: float, judge: float, feedback: float) -> dict[s
 
 
 def _ledger_rows(
-    ledger: Path | None, data_dir: Path | None, weights: dict[str, float]
+    ledger: Path | None, data_dir: Path | None, weights: dict[str, float], replay: bool = False
 ) -> tuple[list, list, str]:
-    """(records, weighted score rows, where they came from): --ledger FILE, else Redis or the data dir."""
-    from gateway.ledger import training_rows
-    from gateway.ledger_export import file_records, ledger_records
+    """(records, weighted score rows, where they came from): --ledger FILE, else Redis or the data dir.
+
+    Every record is checked first (with ``replay``, its route record too), so a malformed one exits
+    with 1 naming its line rather than as a traceback from deep in training or the replay. A line
+    that is not JSON at all is the one exception in the gateway's own file: a torn write, skipped with
+    a warning as the gateway skips it."""
+    from gateway.ledger import record_problem, training_rows
+    from gateway.ledger_export import located_file_records, located_ledger_records
+    from router.routelog import route_problem
 
     try:
         if ledger is not None:
-            records, source = list(file_records(ledger)), str(ledger)
+            located, source = list(located_file_records(ledger)), str(ledger)
         else:
-            records = list(ledger_records(_data_dir(data_dir), _redis_url()))
+            located = list(located_ledger_records(_data_dir(data_dir), _redis_url()))
             source = "redis" if _redis_url() else str(_data_dir(data_dir) / "ledger.jsonl")
     except (FileNotFoundError, ValueError) as exc:
         console.print(f"[red]{exc}[/]")
         raise typer.Exit(1) from None
+    for where, record in located:
+        problem = record_problem(record)
+        if problem is None and replay and record["type"] == "request" and record.get("route"):
+            problem = route_problem(record["route"])
+        if problem is not None:
+            console.print(f"[red]{where}: {problem}[/]")
+            raise typer.Exit(1)
+    records = [record for _, record in located]
     return records, training_rows(iter(records), weights), source
 
 
@@ -443,6 +508,7 @@ def router_train(
             "[red]give exactly one of --dataset routellm, --format FORMAT --train FILE, or --from-ledger[/]"
         )
         raise typer.Exit(2)
+    _check_train_source(fmt, from_ledger, strategy)
     if strategy == "cascade":
         _train_cascade(
             dataset, data, fmt, train_files or [], map_, backend, model, seed, activate, router_dir, data_dir
@@ -473,7 +539,10 @@ def router_train(
             tokens = [
                 r["completion_tokens"]
                 for r in records
-                if r.get("type") == "request" and r.get("worker") == worker and r.get("status") == 200
+                if r["type"] == "request"
+                and r.get("worker") == worker
+                and r.get("status") == 200
+                and r.get("completion_tokens") is not None
             ]
             if tokens:
                 output_tokens[worker] = float(np.median(tokens))
@@ -487,7 +556,11 @@ def router_train(
         from router.offline import load_routellm
 
         root = _routellm_root(data)
-        ds = load_routellm(root, parts=("mmlu", "gsm8k"))
+        try:
+            ds = load_routellm(root, parts=("mmlu", "gsm8k"))
+        except (FileNotFoundError, ValueError) as exc:
+            console.print(f"[red]{exc}[/]")
+            raise typer.Exit(1) from None
         texts, turns, labels = ds.texts, ds.turns, ds.labels
         workers = [renames.get(w, w) for w in ds.workers]
         sources = {"dataset": "routellm", "path": str(root), "parts": ["mmlu", "gsm8k"], "renamed": renames}
@@ -523,6 +596,29 @@ def router_train(
         f"[green]saved[/] router {artifact.version} ({chosen}) in {directory}"
         + (" — now in force" if activate else " — not activated")
     )
+
+
+def _check_train_source(fmt: str | None, from_ledger: bool, strategy: str) -> None:
+    """Refuse, before any loading, a data source the chosen training cannot use: --format trains the
+    cascade planner, which replays the workers' recorded answers, and only RouterBench files and
+    RouteLLM's GSM8K record them."""
+    from router.offline import FORMATS
+
+    if fmt is not None and fmt not in FORMATS:
+        raise typer.BadParameter(f"use one of {', '.join(FORMATS)}", param_hint="--format")
+    if fmt == "llmrouter":
+        console.print(
+            "[red]--format llmrouter cannot train a router: --format trains the cascade planner, which replays "
+            "the workers' answers, and LLMRouter files record no answers[/] (use --format routerbench, "
+            "--dataset routellm or --from-ledger)"
+        )
+        raise typer.Exit(2)
+    if from_ledger and strategy == "cascade":
+        console.print(
+            "[red]--strategy cascade needs the workers' recorded answers (--format routerbench or --dataset "
+            "routellm), and the ledger records none[/] (train the fast router from it: --strategy fast)"
+        )
+        raise typer.Exit(2)
 
 
 def _train_cascade(
@@ -646,6 +742,10 @@ def router_activate(
 
 
 Files = Annotated[list[Path] | None, typer.Option(help="data file, repeatable")]
+# `router eval --onboard`: the defaults of --probes and --onboard-repeats. The options default to None
+# so that giving either without --onboard can be refused rather than ignored.
+ONBOARD_PROBES = 100
+ONBOARD_REPEATS = 3
 
 
 @router_app.command("eval")
@@ -708,11 +808,17 @@ def router_eval(
         ),
     ] = None,
     probes: Annotated[
-        int, typer.Option(help="with --onboard: how many labelled probes the worker keeps")
-    ] = 100,
+        int | None,
+        typer.Option(
+            help=f"with --onboard: how many labelled probes the worker keeps [default: {ONBOARD_PROBES}]"
+        ),
+    ] = None,
     onboard_repeats: Annotated[
-        int, typer.Option(help="with --onboard: random probe draws averaged (each is reported)")
-    ] = 3,
+        int | None,
+        typer.Option(
+            help=f"with --onboard: random probe draws averaged (each is reported) [default: {ONBOARD_REPEATS}]"
+        ),
+    ] = None,
 ) -> None:
     """Train on a split, evaluate on held-out data; JSON + PNG.
 
@@ -723,6 +829,10 @@ def router_eval(
     split of --data.
     """
     if from_ledger or candidate is not None:
+        if plot is not None:
+            raise typer.BadParameter(
+                "--from-ledger draws no curves: it writes a table and --out", param_hint="--plot"
+            )
         weights = _source_weights(weight_calibration, weight_judge, weight_feedback)
         _router_eval_ledger(
             from_ledger, candidate, ledger, out, weights, workers_file, router_dir, data_dir, confidence
@@ -731,10 +841,7 @@ def router_eval(
     if strategy not in ("fast", "cascade"):
         raise typer.BadParameter("use fast or cascade", param_hint="--strategy")
     if onboard is not None:
-        if probes < 5:
-            raise typer.BadParameter("at least 5", param_hint="--probes")
-        if onboard_repeats < 1:
-            raise typer.BadParameter("at least 1", param_hint="--onboard-repeats")
+        probes, onboard_repeats = _onboard_options(plot, strategy, probes, onboard_repeats)
         _router_eval_files(
             fmt,
             train or [],
@@ -748,6 +855,9 @@ def router_eval(
             onboard=(onboard, probes, onboard_repeats),
         )
         return
+    for name, value in (("--probes", probes), ("--onboard-repeats", onboard_repeats)):
+        if value is not None:
+            raise typer.BadParameter("applies only with --onboard WORKER", param_hint=name)
     if fmt is not None:
         _router_eval_files(fmt, train or [], test or [], prices, backend, model, seed, out, plot, strategy)
         return
@@ -763,9 +873,34 @@ def router_eval(
 
     out = out or results_dir(data_dir) / f"router_eval_{dataset}.json"
     plot = plot or out.with_suffix(".png")
+    _check_outputs(out, plot)
     fit_predict = quality_fit_predict(feature_builder(backend), model, seed)
-    run_routellm_eval(fit_predict, _routellm_root(data), out, plot, seed=seed)
+    try:
+        run_routellm_eval(fit_predict, _routellm_root(data), out, plot, seed=seed)
+    except (FileNotFoundError, ValueError) as exc:
+        console.print(f"[red]{exc}[/]")
+        raise typer.Exit(1) from None
     console.print(f"wrote {out} and {plot}")
+
+
+def _onboard_options(
+    plot: Path | None, strategy: str, probes: int | None, repeats: int | None
+) -> tuple[int, int]:
+    """(probes, repeats) for `router eval --onboard`, refusing what it would otherwise ignore: it
+    evaluates the fast router only and draws no curves."""
+    if plot is not None:
+        raise typer.BadParameter(
+            "--onboard draws no curves: its result is the --out JSON", param_hint="--plot"
+        )
+    if strategy != "fast":
+        raise typer.BadParameter("--onboard evaluates the fast router only", param_hint="--strategy")
+    probes = ONBOARD_PROBES if probes is None else probes
+    repeats = ONBOARD_REPEATS if repeats is None else repeats
+    if probes < 5:
+        raise typer.BadParameter("at least 5", param_hint="--probes")
+    if repeats < 1:
+        raise typer.BadParameter("at least 1", param_hint="--onboard-repeats")
+    return probes, repeats
 
 
 def _router_eval_ledger(
@@ -791,14 +926,17 @@ def _router_eval_ledger(
         raise typer.Exit(2)
     if not 0 < confidence < 1:
         raise typer.BadParameter("must be between 0 and 1, e.g. 0.95", param_hint="--confidence")
+    _check_outputs(out, None)
+    root = _router_dir(router_dir, data_dir)
+    _check_version(root, candidate)
+    _, rows, source = _ledger_rows(ledger, data_dir, weights, replay=True)  # a bad record: before the model
     try:
         catalog = load_catalog(workers_file)
-        artifact = load_version(_router_dir(router_dir, data_dir), candidate)
+        artifact = load_version(root, candidate)
         router = LearnedRouter(artifact, feature_builder_for(artifact.features))
     except (CatalogError, RouterLoadError) as exc:
         console.print(f"[red]{exc}[/]")
         raise typer.Exit(1) from None
-    _, rows, source = _ledger_rows(ledger, data_dir, weights)
     try:
         report = evaluate_candidate(router, rows, catalog, confidence)
     except ValueError as exc:
@@ -853,9 +991,10 @@ def _router_eval_cascade(
     from router.offline import run_gsm8k_cascade
     from router.offline.cascade import fit_and_save_acceptance
 
-    source = _routellm_root(data) / "gsm8k" / "gsm8k_responses.csv"
     out = out or results_dir(data_dir) / "router_eval_cascade.json"
     plot = plot or out.with_suffix(".png")
+    _check_outputs(out, plot)
+    source = _routellm_root(data) / "gsm8k" / "gsm8k_responses.csv"
     try:
         report = run_gsm8k_cascade(source, out, plot, seed=seed, console=Console())
     except (FileNotFoundError, ValueError) as exc:
@@ -903,6 +1042,7 @@ def _router_eval_files(
     from router.offline.harness import run_onboard_eval
 
     model = _pool_eval_model(fmt, train, test, out, model, "--format" if onboard is None else "--onboard")
+    _check_outputs(out, plot)
     common = {"prices": prices, "backend": backend, "model": model, "seed": seed}
     try:
         if onboard is None:

@@ -164,7 +164,9 @@ def calibrate_command(
         cap = Decimal(max_cost_usd)
     except InvalidOperation:
         raise _fail(f"--max-cost-usd must be a number of dollars, got {max_cost_usd!r}") from None
-    if not cap.is_finite() or cap <= 0:
+    if not cap.is_finite():
+        raise _fail(f"--max-cost-usd must be a finite number of dollars, got {max_cost_usd}")
+    if cap <= 0:
         raise _fail(f"--max-cost-usd must be more than 0, got {max_cost_usd}")
     data_dir = data_dir or Path(os.environ.get("POLYROUTE_DATA_DIR") or ".polyroute")
     try:

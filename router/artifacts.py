@@ -48,6 +48,12 @@ def new_version(payload: bytes) -> str:
     return time.strftime("%Y%m%d-%H%M%S") + "-" + hashlib.sha256(payload).hexdigest()[:6]
 
 
+def is_version_name(version: str) -> bool:
+    """A version is a directory name under the router dir, never a path: a name typed on a command
+    line must not reach outside it (``..``, ``a/b``) or be the router dir itself (``""``)."""
+    return bool(version) and version not in (".", "..") and "/" not in version and "\\" not in version
+
+
 def _write_json(path: Path, data: dict) -> None:
     tmp = path.with_suffix(f".tmp.{os.getpid()}")
     tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
@@ -87,7 +93,7 @@ def save_artifact(root: Path, artifact: RouterArtifact, activate: bool = True) -
 
 def activate_version(root: Path, version: str) -> None:
     root = Path(root)
-    if not (root / version / "model.joblib").is_file():
+    if not is_version_name(version) or not (root / version / "model.joblib").is_file():
         raise RouterLoadError(f"no router model version {version!r} under {root}")
     previous = read_pointer(root).get("version")
     _write_json(root / CURRENT, {"version": version, "previous": previous if previous != version else None})
@@ -103,6 +109,8 @@ def rollback(root: Path) -> str:
 
 
 def load_version(root: Path, version: str) -> RouterArtifact:
+    if not is_version_name(version):
+        raise RouterLoadError(f"{version!r} is not a router version name (a directory under {root})")
     path = Path(root) / version / "model.joblib"
     try:
         artifact = joblib.load(path)

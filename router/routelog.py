@@ -10,6 +10,7 @@ and numbers. One module writes and reads the record, so the two cannot drift apa
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from typing import Any
 
@@ -44,6 +45,42 @@ def route_log(
         "max_output_tokens": request.max_output_tokens,
         "needs_tools": request.needs_tools,
     }
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _names(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(name, str) for name in value)
+
+
+def route_problem(log: Any) -> str | None:
+    """What makes a route record unusable by :func:`logging_propensity` and :func:`replay_request`
+    (None: nothing), so a reader can name the record instead of failing on it mid-replay."""
+    if not isinstance(log, dict):
+        return f"route is {type(log).__name__}, not an object"
+    missing = [
+        k for k in ("chosen", "greedy", "pool", "propensity", "cost_weight", "prompt_chars") if k not in log
+    ]
+    if missing:
+        return f"route lacks {', '.join(missing)}"
+    if not isinstance(log["chosen"], str) or not isinstance(log["greedy"], str):
+        return "route chosen and greedy must be worker names"
+    if not _names(log.get("pool")) or not _names(log.get("explore", [])):
+        return "route pool and explore must be lists of worker names"
+    propensity = log.get("propensity")
+    if not _number(propensity) or not 0 < propensity <= 1:
+        return f"route propensity {propensity!r} is not a probability in (0, 1]"
+    if not _number(log.get("epsilon", 0.0)) or not _number(log.get("cost_weight")):
+        return "route epsilon and cost_weight must be numbers"
+    chars = log.get("prompt_chars")
+    if not isinstance(chars, int) or isinstance(chars, bool) or chars < 0:
+        return f"route prompt_chars {chars!r} is not a whole number >= 0"
+    for name in ("max_output_tokens", "min_quality"):
+        if log.get(name) is not None and not _number(log[name]):
+            return f"route {name} {log[name]!r} is not a number"
+    return None
 
 
 def logging_propensity(log: dict[str, Any]) -> Propensity:

@@ -426,4 +426,4 @@ def test_train_cli_cascade_saves_a_planner_the_gateway_loads(tmp_path: Path) -> 
     no_answers = CliRunner().invoke(
         app, ["router", "train", "--strategy", "cascade", "--format", "llmrouter", "--train", str(LR[0])]
     )
-    assert no_answers.exit_code == 1 and "no answers" in no_answers.output
+    assert no_answers.exit_code == 2 and "no answers" in no_answers.output  # refused before loading

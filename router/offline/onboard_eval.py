@@ -75,6 +75,22 @@ def _column_summary(ours: Sequence[float], full: np.ndarray, y: np.ndarray, base
     }
 
 
+def check_probes(probes: int, worker: str, labelled: int, data: PoolData) -> None:
+    """Refuse a probe count no draw can honour, before the long fits. Probes are drawn from the
+    worker's labelled training queries, and the model that gives them log-odds is fitted on the other
+    training queries (see the module's honesty note), so at least one training query must be left."""
+    if probes > labelled:
+        dropped = data.counts["n_train_dropped_overlap"]
+        why = f" ({dropped} training rows were dropped as queries of the --test files)" if dropped else ""
+        raise ValueError(f"--probes {probes}: {worker} has only {labelled} labelled training queries{why}")
+    rows = len(data.train)
+    if probes >= rows:
+        raise ValueError(
+            f"--probes {probes}: must be below {rows}, the number of training queries: the probes are "
+            "scored by a model fitted on the training queries that are not probes"
+        )
+
+
 def evaluate_onboarding(
     train: RoutingDataset,
     test: RoutingDataset,
@@ -104,8 +120,7 @@ def evaluate_onboarding(
     w = data.workers.index(worker)
     others = [j for j in range(len(data.workers)) if j != w]
     labelled = np.flatnonzero(~np.isnan(data.train.labels[:, w]) & ~np.isnan(data.train_costs[:, w]))
-    if probes > len(labelled):
-        raise ValueError(f"--probes {probes}: {worker} has only {len(labelled)} labelled training queries")
+    check_probes(probes, worker, len(labelled), data)
     Y, C = data.train.labels, data.train_costs
     every = range(len(data.workers))
 

@@ -57,6 +57,21 @@ def fit_quality_model(model: str, X: np.ndarray, Y: np.ndarray, seed: int, k: in
     return fitted.fit(X, Y)
 
 
+def no_training_rows(counts: dict) -> str:
+    """Why align left no training row, from its counts: said before any fitting, since the fits that
+    follow fail on an empty table with messages that hide the cause (a train file equal to a test file)."""
+    held = counts["n_train_files_rows"]
+    if held == 0:
+        return "no training rows: the --train files hold no data rows (header only, or empty)"
+    overlap, unscored = counts["n_train_dropped_overlap"], counts["n_train_skipped_unlabelled"]
+    causes = [f"{overlap} share a query with the --test files"] if overlap else []
+    causes += [f"{unscored} have no score for any worker"] if unscored else []
+    hint = " (give --train files apart from the --test files, e.g. from `polyroute router split`)"
+    return f"no training rows left: of the {held} rows of the --train files, {' and '.join(causes)}" + (
+        hint if overlap else ""
+    )
+
+
 @dataclass(frozen=True)
 class PoolData:
     """An aligned train/test pair and the features of both: the input of every N-worker strategy."""
@@ -71,8 +86,17 @@ class PoolData:
     @classmethod
     def prepare(cls, train: RoutingDataset, test: RoutingDataset, features: Any, progress: bool) -> PoolData:
         train, test, counts = align(train, test)
+        if len(train) == 0:
+            raise ValueError(no_training_rows(counts))
         if len(test) == 0:
             raise ValueError("no test row has a score and a cost for every worker")
+        blank = np.isnan(train.labels).all(axis=0)
+        if blank.any():
+            names = ", ".join(w for w, empty in zip(train.workers, blank, strict=True) if empty)
+            raise ValueError(
+                f"no training scores for worker(s) {names}: each of its scores in the --train files is "
+                "blank or on a query of the --test files"
+            )
         started = time.perf_counter()
         X_train = features.transform(train.texts, train.turns, progress=progress)
         X_test = features.transform(test.texts, test.turns, progress=progress)
