@@ -231,8 +231,9 @@ def test_without_any_router_in_force_the_grades_are_kept_and_the_fit_waits(setup
 
 
 def test_the_cost_cap_stops_the_run_and_a_rerun_resumes_without_repeating(setup, upstream):
-    # Every call costs 1000 × $0.10/1M + 1000 × $0.20/1M = $0.0003: three fit under $0.001, a fourth does not.
-    upstream.behave("cheap-model", replies=RIGHT, text="?", prompt_tokens=1000, completion_tokens=1000)
+    # Every call costs 2998 × $0.10/1M + 1 × $0.20/1M = $0.0003: three fit under $0.001, a fourth does not.
+    # (the probes' max_tokens are 16–256, and the test upstream bills no more output than max_tokens)
+    upstream.behave("cheap-model", replies=RIGHT, text="?", prompt_tokens=2998, completion_tokens=1)
     first = calibrate(
         setup, "--workers", "cheap", "--probes", "8", "--max-cost-usd", "0.001", "--concurrency", "1"
     )
