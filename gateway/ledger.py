@@ -110,9 +110,24 @@ class Ledger:
         self._load_index()
 
     def _load_index(self) -> None:
-        for record in self.records():
-            if record.get("type") == "request":
-                self._remember(record["id"], record["tenant"], record.get("worker"))
+        """Index the requests already in the file (feedback looks its request up). A line the
+        gateway did not write as a request record (edited by hand, another tool's) is skipped with a
+        warning: the gateway must start whatever an old line holds."""
+        for number, record in numbered_lines(self.path):
+            if not isinstance(record, dict) or record.get("type") != "request":
+                if not isinstance(record, dict) or record.get("type") != "feedback":
+                    log.warning(
+                        "ledger %s line %d is not a request or feedback record; skipped", self.path, number
+                    )
+                continue
+            request_id, tenant = record.get("id"), record.get("tenant")
+            if not isinstance(request_id, str) or not isinstance(tenant, str):
+                log.warning(
+                    "ledger %s line %d: a request without an id or tenant; skipped", self.path, number
+                )
+                continue
+            worker = record.get("worker")
+            self._remember(request_id, tenant, worker if isinstance(worker, str) else None)
 
     def _remember(self, request_id: str, tenant: str, worker: str | None) -> None:
         self._index[request_id] = (tenant, worker)
@@ -142,8 +157,14 @@ class Ledger:
         if found is not None or not self._index_truncated:
             return found
         for record in self.records():  # an old request, beyond the index: the rare slow path
-            if record.get("type") == "request" and record.get("id") == request_id:
-                return record["tenant"], record.get("worker")
+            if (
+                isinstance(record, dict)
+                and record.get("type") == "request"
+                and record.get("id") == request_id
+            ):
+                tenant, worker = record.get("tenant"), record.get("worker")
+                if isinstance(tenant, str):
+                    return tenant, worker if isinstance(worker, str) else None
         return None
 
     def record_feedback(self, record: FeedbackRecord) -> None:

@@ -113,3 +113,30 @@ def test_keys_create_with_limits(tmp_path):
     assert rows[0]["rpm"] == 60 and rows[0]["tpm"] == 1000
     refused = polyroute("keys", "create", "--rpm", "0", data_dir=tmp_path)
     assert refused.returncode == 2
+
+
+def test_the_gateway_opens_a_ledger_whose_old_lines_it_cannot_index(tmp_path, caplog):
+    """A hand-edited ledger (a bare number, a request without an id, another tool's record) must not
+    stop the gateway from starting: those lines are skipped with a warning, the good ones indexed."""
+    import logging
+
+    path = tmp_path / "ledger.jsonl"
+    good = {"type": "request", "id": "req_ok", "tenant": "acme", "worker": "cheap"}
+    lines = [
+        "5",
+        json.dumps({"type": "request", "tenant": "acme"}),
+        json.dumps({"type": "note"}),
+        json.dumps(good),
+    ]
+    path.write_text("\n".join(lines) + "\n")
+    with caplog.at_level(logging.WARNING, logger="polyroute.ledger"):
+        ledger = Ledger(path)
+    try:
+        assert ledger.lookup("req_ok") == ("acme", "cheap")
+        assert ledger.lookup("req_missing") is None
+    finally:
+        ledger.close()
+    warned = " ".join(r.getMessage() for r in caplog.records)
+    assert "line 1 is not a request or feedback record" in warned
+    assert "line 2: a request without an id or tenant" in warned
+    assert "line 3 is not a request or feedback record" in warned
