@@ -27,13 +27,14 @@ import logging
 import random
 import re
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
 from gateway.ledger import STORABLE_CLASSES, FeedbackRecord
 from gateway.schemas import ChatCompletionRequest
 from gateway.store import BudgetExceeded, Limits, StoreReplyError, StoreUnavailable, to_micros
 from gateway.upstream import WorkerError
-from policies import PolicyRequest, PolicyRequestError, predicted_cost
+from policies import PolicyRequest, PolicyRequestError
 
 if TYPE_CHECKING:
     from gateway.state import AppState
@@ -41,6 +42,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("polyroute.judge")
 
 JUDGE_MAX_TOKENS = 16  # the rubric asks for one number
+PROMPT_OVERHEAD_TOKENS = 16  # a chat template's tokens around two messages, at most
 MAX_QUESTION_CHARS = 4000
 MAX_ANSWER_CHARS = 8000  # bounds what one grade can cost
 BUDGET_PREFIX = "judge:"  # tenant names cannot hold a colon (keys' pattern), so no collision
@@ -98,11 +100,33 @@ class Job:
     answer: str
 
 
+MAX_IN_FLIGHT = 32  # grades running at once per gateway process (beyond: dropped as "busy")
+BUDGET_EXCLUSIONS = frozenset({"budget:daily", "budget:monthly"})  # policies/engine.py's budget_violation
+
+
+def _settings(state: AppState, tenant: str):
+    """The tenant's judge settings in the policy in force now (None: it is not judged)."""
+    engine = state.policy.engine
+    config = engine.policy.tenants.get(tenant) if engine is not None else None
+    return config.judge if config is not None else None
+
+
+def most_cost(worker, chat: ChatCompletionRequest) -> Decimal:
+    """The most one grade can cost: every UTF-8 byte of the prompt a token (a BPE token covers at
+    least one byte, so no tokenizer counts more) and the reply at its max_tokens. The hold on the
+    judge's budget is this, not the usual chars/4 prediction, which Chinese or Japanese text passes
+    four times over: concurrent grades could then each fit the budget and together overspend it."""
+    prompt_bytes = sum(len(text.encode("utf-8")) for text in chat.texts()) + PROMPT_OVERHEAD_TOKENS
+    return worker.cost_usd(prompt_bytes, JUDGE_MAX_TOKENS)
+
+
 class Judge:
     """Decides, per answer, whether to grade it, and grades it in the background."""
 
-    def __init__(self, seed: int | None = None) -> None:
+    def __init__(self, seed: int | None = None, max_in_flight: int = MAX_IN_FLIGHT) -> None:
         self._rng = random.Random(seed)  # seeded for reproducible sampling (POLYROUTE_JUDGE_SEED)
+        self.max_in_flight = max_in_flight
+        self.in_flight = 0
 
     def sample(self, state: AppState, ex: Any, worker: str, answer: str | None) -> Job | None:
         """Once a request has its answer (`ex` is its Exchange): the cheap checks and the sampling
@@ -130,7 +154,13 @@ class Judge:
 
     async def start(self, state: AppState, job: Job) -> None:
         """Grade in a task of its own: it outlives the request (a client hanging up does not cancel
-        it) and is awaited, bounded, at shutdown with the other bookkeeping."""
+        it) and is awaited, bounded, at shutdown with the other bookkeeping. At most ``max_in_flight``
+        grades run at once: a judge that hangs must not take the upstream connections client requests
+        need, so a grade beyond that is dropped and counted as ``busy``."""
+        if self.in_flight >= self.max_in_flight:
+            state.metrics.judge.labels(job.tenant, "busy").inc()
+            return
+        self.in_flight += 1
         state.spawn(self._grade(state, job))
 
     async def _grade(self, state: AppState, job: Job) -> None:
@@ -139,13 +169,14 @@ class Judge:
         except Exception:
             log.exception("judging request %s failed", job.request_id)
             outcome = "error"
+        finally:
+            self.in_flight -= 1
         state.metrics.judge.labels(job.tenant, outcome).inc()
 
     async def grade(self, state: AppState, job: Job) -> str:
         """Grade one answer under the policy and budget in force now; returns the outcome."""
         engine = state.policy.engine
-        tenant = engine.policy.tenants.get(job.tenant) if engine is not None else None
-        settings = tenant.judge if tenant is not None else None
+        settings = _settings(state, job.tenant)
         if settings is None:  # turned off since the request was sampled
             return "disabled"
         worker = state.catalog.get(settings.worker)
@@ -168,14 +199,15 @@ class Judge:
         if admission.data_class not in STORABLE_CLASSES:  # the answer raised it
             return "data_class"
         exclusion = admission.exclusion_for(worker.name)
-        # The tenant's budget does not apply: the judge spends from its own.
-        if not admission.admits(worker.name) and not (exclusion and exclusion.rule.startswith("budget:")):
+        # The tenant's budget does not apply: the judge spends from its own. Only the engine's budget
+        # exclusions are waived (a policy rule cannot take their ids: policies/schema.py reserves them).
+        if not admission.admits(worker.name) and not (exclusion and exclusion.rule in BUDGET_EXCLUSIONS):
             return "inadmissible"
         budgets = state.stores.budgets
         try:
             hold = await budgets.reserve(
                 BUDGET_PREFIX + job.tenant,
-                to_micros(predicted_cost(worker, chat.prompt_chars(), JUDGE_MAX_TOKENS)),
+                to_micros(most_cost(worker, chat)),
                 Limits(daily=to_micros(settings.daily_budget_usd)),
             )
         except BudgetExceeded:
@@ -200,6 +232,8 @@ class Judge:
         score = parse_score(completion_text(completion.body))
         if score is None:
             return "unparsable"
+        if _settings(state, job.tenant) is None:  # judging was turned off while the judge answered
+            return "disabled"
         state.ledger.record_feedback(
             FeedbackRecord(
                 job.request_id,

@@ -95,6 +95,19 @@ def numbered_lines(path: Path) -> Iterator[tuple[int, dict]]:
                 log.warning("ledger %s line %d is not JSON; skipped", path, number)
 
 
+def _ends_unterminated(path: Path) -> bool:
+    """Whether the file's last byte is there and is not a newline."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            if fh.tell() == 0:
+                return False
+            fh.seek(-1, os.SEEK_END)
+            return fh.read(1) != b"\n"
+    except FileNotFoundError:
+        return False
+
+
 class Ledger:
     """Append-only JSONL; a write is one `write()` of one line on an O_APPEND file (atomic enough
     for lines under the pipe buffer size on Linux and safe across threads under our lock)."""
@@ -105,6 +118,9 @@ class Ledger:
         self._lock = threading.Lock()
         self._index: OrderedDict[str, tuple[str, str | None]] = OrderedDict()  # id -> (tenant, worker)
         self._index_truncated = False  # only then can an id be on disk but not in the index
+        # a last line torn by a crash or a full disk is ended before anything is appended: else the
+        # next record would be glued onto it, and both skipped as "not JSON" when read
+        self._torn = _ends_unterminated(self.path)
         self._fh = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - held for the app's life
         os.chmod(self.path, 0o600)
         self._load_index()
@@ -138,8 +154,15 @@ class Ledger:
     def _append(self, payload: dict) -> None:
         line = json.dumps(payload, ensure_ascii=False, separators=(",", ":")) + "\n"
         with self._lock:
-            self._fh.write(line)
-            self._fh.flush()
+            if self._torn:  # the last write may have ended mid-line: start on a line of our own
+                line = "\n" + line
+            try:
+                self._fh.write(line)
+                self._fh.flush()
+            except OSError:
+                self._torn = True
+                raise
+            self._torn = False
 
     def record_request(self, record: RequestRecord) -> None:
         try:

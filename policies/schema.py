@@ -20,6 +20,7 @@ from policies.yamlfile import parse_yaml_model
 
 Money = Annotated[Decimal, Field(ge=0, max_digits=14, decimal_places=8)]
 Name = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$")]
+RESERVED_RULE_PREFIX = "budget:"  # the engine's budget exclusions: budget:daily, budget:monthly
 
 # ISO 3166 codes of the EU member states: `EU` in a jurisdiction list means any of them.
 EU_MEMBERS = (
@@ -100,6 +101,18 @@ class Rule(Strict):
     max_output_price_per_m: dict[Tier, Money] | None = Field(
         None, description="per tier: workers whose output price per 1M tokens is above it are excluded"
     )
+
+    @field_validator("id")
+    @classmethod
+    def _not_reserved(cls, value: str) -> str:
+        # the engine names its own exclusions so ("budget:daily", "unavailable"); a rule named alike
+        # would read as one of them (the judge, which spends from its own budget, waives those)
+        if value.lower().startswith(RESERVED_RULE_PREFIX) or value.lower() == "unavailable":
+            raise ValueError(
+                f"rule id {value!r} is reserved: ids starting with {RESERVED_RULE_PREFIX!r} and "
+                "'unavailable' name the gateway's own exclusions"
+            )
+        return value
 
     @model_validator(mode="after")
     def _constrains_something(self) -> Rule:

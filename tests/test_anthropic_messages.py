@@ -50,7 +50,7 @@ def agw(upstream, tmp_path_factory):
 # ---- plain -----------------------------------------------------------------------------------------
 def test_plain_message_auto_routes_through_the_pipeline(agw, upstream):
     upstream.behave("cheap-model", text="hello there from cheap", prompt_tokens=1000, completion_tokens=500)
-    raw = client(agw).messages.with_raw_response.create(model="auto", max_tokens=64, messages=HELLO)
+    raw = client(agw).messages.with_raw_response.create(model="auto", max_tokens=600, messages=HELLO)
     message = raw.parse()
     assert message.type == "message" and message.role == "assistant"
     assert [b.type for b in message.content] == ["text"]
@@ -68,7 +68,7 @@ def test_plain_message_auto_routes_through_the_pipeline(agw, upstream):
     assert Decimal(raw.headers["x-polyroute-cost-usd"]) == Decimal("0.0002")
     sent = upstream.requests_for("cheap-model")
     assert len(sent) == 1
-    assert sent[0]["messages"] == HELLO and sent[0]["max_tokens"] == 64
+    assert sent[0]["messages"] == HELLO and sent[0]["max_tokens"] == 600
     record = ledger_record(agw, request_id)
     assert record["worker"] == "cheap" and record["status"] == 200 and record["model"] == "auto"
     assert record["cost_micros"] == 200 and record["prompt_tokens"] == 1000

@@ -114,7 +114,7 @@ def test_the_judge_grades_the_sampled_share_with_a_seeded_draw(make_gateway, ups
 
 
 def test_the_judge_stops_at_its_daily_budget(make_gateway, upstream):
-    budget = Decimal("0.002")  # a few grades of pricey ($5/M in, $15/M out)
+    budget = Decimal("0.005")  # a few grades of pricey ($5/M in, $15/M out; a grade holds ~$0.0024)
     gw = make_gateway({**JUDGE, "daily_budget_usd": str(budget)})
     seen: list[dict[str, int]] = []
     for i in range(12):  # one at a time: each grade settles before the next is reserved
@@ -238,3 +238,72 @@ def test_bad_judge_settings_are_refused_by_name(judge, message):
 )
 def test_scores_are_read_strictly(reply, score):
     assert parse_score(reply) == (pytest.approx(score) if score is not None else None)
+
+
+def test_a_policy_rule_cannot_take_the_id_of_a_budget_exclusion():
+    """The judge waives the tenant's budget exclusions (budget:daily, budget:monthly) and nothing
+    else; a rule named like one would be waived with them, sending data the rule keeps away."""
+    for reserved in ("budget:us-free-internal", "BUDGET:daily", "unavailable"):
+        with pytest.raises(PolicyError, match="reserved"):
+            parse_policy(yaml.safe_dump({**policy(JUDGE), "rules": [{**INTERNAL_NOT_US, "id": reserved}]}))
+
+
+def test_a_grade_whose_judge_answers_after_judging_is_turned_off_is_dropped(make_gateway, upstream):
+    gw = make_gateway()
+    upstream.behave("pricey-model", text="8", latency_s=2.0)
+    ask(gw, "what is a leaky bucket")
+    deadline = time.monotonic() + DEADLINE_S
+    while not upstream.requests_for("pricey-model"):  # the judge has the question
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    off = httpx.put(
+        gw.url + "/admin/policies",
+        headers={**gw.auth(gw.admin_key), "content-type": "application/yaml"},
+        content=yaml.safe_dump({**policy(None), "version": "judging-off"}),
+        timeout=30,
+    )
+    assert off.status_code == 200, off.text
+    assert wait_for_outcomes(gw, 1) == {"disabled": 1}
+    assert judge_feedback(gw.data_dir) == []
+
+
+def test_the_judge_holds_the_most_a_grade_can_cost(make_gateway, upstream):
+    """Chinese text is about one token per character, four times the usual chars/4 prediction: held
+    at that prediction, 24 concurrent grades each fitted the budget and together spent 3.6 times it.
+    The hold counts every UTF-8 byte a token, which no tokenizer exceeds."""
+    import concurrent.futures
+
+    from gateway.judge import judge_chat, most_cost
+
+    question = "我们的路线图包括新的产品发布和市场扩展计划。请总结。" * 30
+    answer = "总结：新产品将在下个季度发布，市场扩展将首先覆盖亚洲地区。" * 40
+    chat = judge_chat("pricey", question, answer)
+    tokens = sum(len(text) for text in chat.texts()) + 8  # ~1 token per CJK character, as cl100k counts
+    assert most_cost(gw_worker(upstream), chat) >= Decimal(tokens) * 5 / 1_000_000
+    budget = Decimal("0.05")
+    gw = make_gateway({**JUDGE, "daily_budget_usd": str(budget)})
+    upstream.behave("cheap-model", text=answer)
+    upstream.behave("pricey-model", text="8", latency_s=0.5, prompt_tokens=tokens, completion_tokens=1)
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        list(pool.map(lambda i: ask(gw, f"{i}: {question}"), range(24)))
+    found = wait_for_outcomes(gw, 24)
+    assert found.get("judged", 0) >= 1 and found.get("budget", 0) >= 1, found
+    spend = httpx.get(gw.url + "/admin/spend/judge:acme", headers=gw.auth(gw.admin_key)).json()
+    assert Decimal(spend["daily_usd"]) <= budget
+
+
+def gw_worker(upstream):
+    return parse_catalog(catalog_yaml_for(upstream.url)).get("pricey")
+
+
+def test_grades_beyond_the_in_flight_cap_are_dropped_as_busy(make_gateway, upstream):
+    """A judge that hangs holds an upstream connection per grade: past the cap, answers are not
+    graded (``busy``) and client requests are not held up."""
+    gw = make_gateway()
+    gw.state.judge.max_in_flight = 2
+    upstream.behave("pricey-model", text="8", latency_s=3.0)
+    for i in range(5):
+        ask(gw, f"question {i}")
+    found = wait_for_outcomes(gw, 5)
+    assert found == {"busy": 3, "judged": 2}, found
+    assert len(upstream.requests_for("pricey-model")) == 2

@@ -140,3 +140,22 @@ def test_the_gateway_opens_a_ledger_whose_old_lines_it_cannot_index(tmp_path, ca
     assert "line 1 is not a request or feedback record" in warned
     assert "line 2: a request without an id or tenant" in warned
     assert "line 3 is not a request or feedback record" in warned
+
+
+def test_a_record_written_after_a_torn_line_is_kept(tmp_path):
+    """A crash (or a full disk) left the last line half written: the next record starts on a line of
+    its own instead of being glued to it, where both were skipped as not JSON."""
+    path = tmp_path / "ledger.jsonl"
+    whole = json.dumps({"type": "request", "id": "req_old", "tenant": "acme", "worker": "cheap"})
+    path.write_text(whole + "\n" + whole[:40])
+    ledger = Ledger(path)
+    ledger.record_request(RequestRecord("req_new", "acme", "auto", "cheap", "fast", 200, query="hi"))
+    ledger.record_feedback(FeedbackRecord("req_new", "acme", 1.0, "cheap", source="calibration"))
+    ledger.close()
+    reopened = Ledger(path)
+    try:
+        kept = [(r["type"], r.get("id") or r.get("request_id")) for r in reopened.records()]
+        assert kept == [("request", "req_old"), ("request", "req_new"), ("feedback", "req_new")]
+        assert reopened.lookup("req_new") == ("acme", "cheap")
+    finally:
+        reopened.close()
