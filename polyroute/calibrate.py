@@ -278,6 +278,10 @@ class Runner:
         # A local llama.cpp server answers one request at a time: queued calls would only wait out
         # their timeouts there, so each local worker gets one call in flight.
         self.slots = {w.name: asyncio.Semaphore(1) for w in plan.workers if w.local is not None}
+        # Until a worker has answered once, its hold is only the prediction (chars/4, the probe's
+        # max_tokens), which a non-English prompt or reasoning tokens can pass: one such call in flight
+        # per worker, so the cap is passed by at most one call's excess, not by `concurrency` of them.
+        self.unmeasured = {w.name: asyncio.Lock() for w in plan.workers}
 
     # -- the cap ---------------------------------------------------------------------------------
     def _reserve(self, worker: Worker, chat) -> Decimal | None:
@@ -311,11 +315,6 @@ class Runner:
     async def _one(self, pair: Pair) -> str:
         """Call, grade, record one pair; returns its outcome: graded, error, skipped (by the policy),
         capped (the run stops) or abandoned (its worker failed too often in a row)."""
-        from gateway.ledger import FeedbackRecord, RequestRecord, storable_query
-        from gateway.store import to_micros
-        from gateway.upstream import WorkerError
-        from router.grading import grade
-
         probe, worker = pair.probe, pair.worker
         tally = self.tallies[worker.name]
         if tally.gave_up:
@@ -328,6 +327,29 @@ class Runner:
             tally.skipped[rule] += 1
             tally.reasons.setdefault(rule, exclusion.reason if exclusion else "not admitted")
             return "skipped"
+        gate = self.unmeasured[worker.name]
+        if worker.name in self.largest:
+            gate = None
+        else:
+            await gate.acquire()
+            if worker.name in self.largest:  # measured while this call waited
+                gate.release()
+                gate = None
+        try:
+            return await self._call(pair, chat, admission)
+        finally:
+            if gate is not None:
+                gate.release()
+
+    async def _call(self, pair: Pair, chat, admission) -> str:
+        """The call, its grade and its records, under the cap (see :meth:`_one`)."""
+        from gateway.ledger import FeedbackRecord, RequestRecord, storable_query
+        from gateway.store import to_micros
+        from gateway.upstream import WorkerError
+        from router.grading import grade
+
+        probe, worker = pair.probe, pair.worker
+        tally = self.tallies[worker.name]
         hold = self._reserve(worker, chat)
         if hold is None:
             return "capped"

@@ -424,3 +424,21 @@ def test_calibration_against_the_local_llama_cpp_worker(tmp_path):
     assert all(r["worker"] == "gemma-3-270m-local" and r["cost_micros"] == 0 for r in requests)
     assert all(r["completion_tokens"] > 0 for r in requests)
     assert Decimal(0) == sum(Decimal(r["cost_micros"]) for r in requests)
+
+
+def test_the_cost_cap_holds_at_concurrency_when_answers_cost_more_than_predicted(setup, upstream):
+    """A prompt that costs far more tokens than chars/4 (non-English, a long system prompt added by a
+    provider): until a worker has answered once its hold is only the prediction, so its first calls
+    run one at a time; several in flight at once passed a $0.003 cap by 70%."""
+    for model in ("cheap-model", "mid-model"):
+        upstream.behave(
+            model, replies=RIGHT, text="?", prompt_tokens=2000, completion_tokens=1, latency_s=0.2
+        )
+    # a call costs ~$0.0002 on cheap and ~$0.002 on mid, about ten times its prediction
+    done = calibrate(
+        setup, "--workers", "cheap,mid", "--probes", "8", "--max-cost-usd", "0.003", "--concurrency", "4"
+    )
+    assert done.returncode == 0, done.stderr
+    assert "stopped at the cost cap" in done.stderr
+    spent = sum(r["cost_micros"] for r in ledger(setup) if r["type"] == "request")
+    assert 0 < spent <= 3000
