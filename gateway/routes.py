@@ -21,6 +21,7 @@ from gateway.ledger import FeedbackRecord
 from gateway.state import AppState
 from gateway.store import StoreUnavailable
 from policies import Kind, PolicyError, PolicyRequest, PolicyRequestError, Spend, Worker
+from policies.loader import compile_policy
 from router import list_versions
 
 router = APIRouter()
@@ -260,10 +261,23 @@ async def admin_put_policy(request: Request) -> JSONResponse:
     except UnicodeDecodeError:
         raise APIError(400, "the policy must be UTF-8 text", code="invalid_policy") from None
     try:
+        _judges_in_catalog(await asyncio.to_thread(compile_policy, text, "request body"), state)
         engine = await asyncio.to_thread(state.policy.replace, text, f"{admin.id} ({admin.name})")
     except PolicyError as exc:
         raise APIError(400, str(exc), code="invalid_policy") from None
     return JSONResponse({"version": engine.version, "status": state.policy.status()})
+
+
+def _judges_in_catalog(engine, state: AppState) -> None:
+    """A tenant's judge must be a worker of this gateway's catalog: refused up front, where otherwise
+    every sampled answer would fail to grade (counted as unknown_worker) until someone looked."""
+    unknown = sorted(
+        f"{tenant} -> {config.judge.worker}"
+        for tenant, config in engine.policy.tenants.items()
+        if config.judge is not None and state.catalog.get(config.judge.worker) is None
+    )
+    if unknown:
+        raise PolicyError(f"judge worker not in the catalog: {', '.join(unknown)}")
 
 
 @router.get("/admin/policies/status")

@@ -307,3 +307,17 @@ def test_grades_beyond_the_in_flight_cap_are_dropped_as_busy(make_gateway, upstr
     found = wait_for_outcomes(gw, 5)
     assert found == {"busy": 3, "judged": 2}, found
     assert len(upstream.requests_for("pricey-model")) == 2
+
+
+def test_a_judge_outside_the_catalog_is_refused_when_the_policy_is_put(make_gateway, upstream):
+    gw = make_gateway()
+    before = httpx.get(gw.url + "/admin/policies", headers=gw.auth(gw.admin_key), timeout=30).text
+    put = httpx.put(
+        gw.url + "/admin/policies",
+        headers={**gw.auth(gw.admin_key), "content-type": "application/yaml"},
+        content=yaml.safe_dump({**policy({**JUDGE, "worker": "no-such-worker"}), "version": "typo"}),
+        timeout=30,
+    )
+    assert put.status_code == 400 and "judge worker not in the catalog: acme -> no-such-worker" in put.text
+    after = httpx.get(gw.url + "/admin/policies", headers=gw.auth(gw.admin_key), timeout=30).text
+    assert after == before  # the policy in force is unchanged
