@@ -10,7 +10,6 @@ request; a deadline let the plan "call" workers it never reached.
 
 from __future__ import annotations
 
-import time
 from decimal import Decimal
 
 import httpx
@@ -22,7 +21,6 @@ from tests.test_plan_table_gateway import pick, table, two_voters  # noqa: F401 
 from tests.test_planner_gateway import (
     QUESTION,
     WORKERS,
-    answered,
     ask,
     behave_all,
     header_steps,
@@ -127,21 +125,28 @@ def test_the_policy_per_request_cap_holds_for_the_whole_plan(upstream, trained, 
 
 # ---- time -------------------------------------------------------------------------------------
 def test_the_deadline_stops_the_plan_and_the_headers_list_only_real_calls(upstream, trained, tmp_path):  # noqa: F811
-    """A 2 s request deadline and workers that take 1.5 s each: the plan stops when time is up, with
-    the best answer held; the header lists only workers the upstream saw; no step claims the 60 s
-    step timeout."""
+    """A 2.5 s request deadline and workers that take 1.5 s each, asked one per round: the second
+    round cannot finish in time (the first has a second to spare on a loaded machine). The plan stops at the deadline with the best answer held and says so; the
+    header lists only steps that were called (none the deadline skipped), and no step claims the
+    60 s step timeout. (Whether the second call is cut or never starts depends on the machine's load:
+    both are deadline stops.)"""
     planner, artifact = trained
-    gateway = planned_gateway(upstream, tmp_path, with_planner(artifact, planner), request_timeout_s=2.0)
+    gateway = planned_gateway(upstream, tmp_path, with_planner(artifact, planner), request_timeout_s=2.5)
     try:
         behave_all(upstream, {"cheap": "A", "mid": "B", "pricey": "C"}, latency_s=1.5)
         answer = ask(gateway, "compose:plan", cost_weight=0.0)
-        time.sleep(1.6)  # let a cut call's request land upstream before comparing
+        assert answer.status_code == 200, answer.text
+        assert "deadline" in answer.headers["x-polyroute-compose"]
+        steps = trace_of(answer)["steps"]
+        called = {s["worker"] for s in steps if not (s.get("verdict") or "").startswith("skipped")}
         listed = {worker for round_ in header_steps(answer) for worker in round_}
-        assert listed <= set(answered(upstream)), (listed, answered(upstream))
-        steps = trace_of(answer)["steps"] if answer.status_code == 200 else []
-        assert "60 s" not in " ".join(step.get("error", "") for step in steps)
-        if answer.status_code == 200:
-            assert "deadline" in answer.headers["x-polyroute-compose"]
+        assert listed == called, (listed, steps)
+        assert any(
+            s.get("error") == "cut by the request's deadline"
+            or s.get("verdict") == "skipped: request deadline"
+            for s in steps
+        ), steps
+        assert "60 s" not in " ".join(s.get("error", "") for s in steps)
     finally:
         gateway.server.stop()
 
