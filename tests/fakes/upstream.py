@@ -163,6 +163,7 @@ class FakeUpstream:
         self.headers: deque[dict[str, str]] = deque(maxlen=2000)
         # (model, arrived, answered) per chat request, monotonic clock: which calls were in flight at once
         self.spans: deque[tuple[str, float, float]] = deque(maxlen=2000)
+        self.generation = 0  # resets so far: a span is kept only if no reset came between its ends
         self.app = Starlette(
             routes=[
                 Route("/v1/chat/completions", self._chat, methods=["POST"]),
@@ -184,6 +185,7 @@ class FakeUpstream:
         return behaviour
 
     def reset(self) -> None:
+        self.generation += 1  # a call still in flight from before the reset is not recorded after it
         self.behaviours.clear()
         self.requests.clear()
         self.spans.clear()
@@ -205,7 +207,7 @@ class FakeUpstream:
         return JSONResponse({"object": "list", "data": data})
 
     async def _chat(self, request: Request) -> Response:
-        arrived = time.monotonic()
+        arrived, generation = time.monotonic(), self.generation
         try:
             body = orjson.loads(await request.body())
         except orjson.JSONDecodeError:
@@ -216,7 +218,8 @@ class FakeUpstream:
         try:
             return await self._answer(body, model)
         finally:
-            self.spans.append((model, arrived, time.monotonic()))
+            if generation == self.generation:  # not a previous test's call that outlived its reset
+                self.spans.append((model, arrived, time.monotonic()))
 
     async def _answer(self, body: dict[str, Any], model: str) -> Response:
         behaviour = self._behaviour(model)
