@@ -299,6 +299,20 @@ def _ceiling(state, chat: ChatCompletionRequest, admission) -> Decimal:
     return min(asked, ceiling)
 
 
+@functools.lru_cache(maxsize=512)
+def known_output_limit(model: str) -> int | None:
+    """The most output tokens litellm's model map gives ``model`` (the packaged map: no network),
+    None when it does not list it. A workflow step the client set no max_tokens for is bounded by it
+    when the catalog gives the worker no max_output_tokens (router/compose/base.py)."""
+    import litellm
+
+    try:
+        value = litellm.get_model_info(model).get("max_output_tokens")
+    except Exception:  # not in the map (a local or custom model): the limit is unknown
+        return None
+    return value if isinstance(value, int) and value > 0 else None
+
+
 @functools.lru_cache(maxsize=4)
 def _acceptance_model(path: str, mtime_ns: int):
     """Loaded once per file version (a retrained model has a new mtime), not once per request."""
@@ -435,6 +449,7 @@ async def respond(state, request: Request, ex, composition: Composition) -> Resp
         pool=composition.pool,
         ask=_asker(state, deadline),
         deadline=deadline,
+        output_limits={w.name: n for w in composition.pool if (n := known_output_limit(w.model)) is not None},
         ceiling_usd=ceiling,
         cost_weight=composition.cost_weight,
         max_tokens=chat.output_budget(),

@@ -20,9 +20,10 @@ from typing import Any, Protocol
 from policies import Worker, predicted_cost
 from policies.cost import estimate_tokens
 
-# Output tokens assumed at most for a worker whose catalog entry gives no max_output_tokens, when the
-# ceiling would allow more than this: no max_tokens is sent then (a larger one may be refused by the
-# provider), so only a worker with max_output_tokens in the catalog is bounded strictly.
+# Output tokens assumed at most for a worker whose output limit is unknown (no max_output_tokens in the
+# catalog, a model litellm's map does not list), when the ceiling would allow more than this: no
+# max_tokens is sent then (a larger one may be refused by the provider), so such a worker is not
+# bounded strictly.
 UNKNOWN_OUTPUT_LIMIT = 4096
 MILLION = Decimal(1_000_000)
 
@@ -129,6 +130,9 @@ class Run:
     step_timeout_s: float = 60.0
     seed: int = 0
     deadline: float | None = None  # the request's, in event-loop time: no step starts after it
+    # per worker name, the most output tokens it writes where the catalog does not say (the gateway
+    # fills it from litellm's model map): the bound of a step the client set no max_tokens for
+    output_limits: dict[str, int] = field(default_factory=dict)
     steps: list[Step] = field(default_factory=list)
     spent_usd: Decimal = Decimal(0)
     _reserved: Decimal = Decimal(0)  # predicted cost of steps in flight (parallel members)
@@ -187,7 +191,7 @@ class Run:
         if per_token <= 0:  # output is free: nothing to bound
             return None, prompt_cost
         affordable = int((allowance - prompt_cost) / per_token)
-        limit = worker.max_output_tokens
+        limit = worker.max_output_tokens or self.output_limits.get(worker.name)
         if limit is not None and affordable >= limit:
             return None, prompt_cost + per_token * limit
         if limit is None and affordable >= UNKNOWN_OUTPUT_LIMIT:
