@@ -209,42 +209,19 @@ def test_a_plan_table_trace_rates_no_answer_it_did_not_rate(upstream, trained, t
 
 def test_a_worker_litellm_knows_is_bounded_by_its_output_limit(upstream, tmp_path):
     """The catalog gives no max_output_tokens; litellm's model map says gpt-4o writes at most 16,384.
-    The $0.10 ceiling affords about 9,000 tokens at $10/M: above the 4,096 assumed for an unknown
-    model (so no bound would be sent), below the known limit, so the step is sent that bound. The
-    cheap worker, unknown to litellm and affording far more than 4,096, is sent none."""
+    Its share of the $0.10 ceiling affords about 5,800 tokens at $15/M: above the 4,096 assumed for
+    an unknown model (so no bound would be sent), below the known limit, so the step is sent that
+    bound. The cheap worker, unknown to litellm and affording more than 4,096, is sent none."""
     from gateway.compose import known_output_limit
     from policies import parse_catalog
-    from tests.conftest import FAKE_KEY_ENV, start_gateway
+    from tests.conftest import catalog_yaml_for, start_gateway
 
     assert known_output_limit("openai/gpt-4o") == 16384 and known_output_limit("openai/cheap-model") is None
-    common = f"api_base: {upstream.url}/v1\n    api_key_env: {FAKE_KEY_ENV}\n    context_window: 128000"
-    catalog = parse_catalog(
-        f"""
-version: 1
-workers:
-  - name: cheap
-    model: openai/cheap-model
-    {common}
-    input_price_per_m: 0.10
-    output_price_per_m: 0.20
-    tier: specialist
-    license: Apache-2.0
-    provider: fake
-    jurisdiction: FR
-  - name: known
-    model: openai/gpt-4o
-    {common}
-    input_price_per_m: 2.50
-    output_price_per_m: 10.00
-    tier: frontier
-    license: proprietary
-    provider: fake
-    jurisdiction: US
-"""
-    )
-    gateway = start_gateway(catalog, tmp_path / "data")
+    # the test catalog with pricey ($15/M out) served as a model litellm's map knows
+    catalog = parse_catalog(catalog_yaml_for(upstream.url).replace("openai/pricey-model", "openai/gpt-4o"))
+    gateway = start_gateway(catalog, tmp_path / "data", compose_members=3)
     try:
-        upstream.behave("cheap-model", text="A")
+        behave_all(upstream, {"cheap": "A", "mid": "A"})
         upstream.behave("gpt-4o", text="A")
         body = {"model": "compose:ensemble", "messages": [{"role": "user", "content": QUESTION}]}
         answer = httpx.post(gateway.v1 + "/chat/completions", headers=gateway.auth(), json=body, timeout=60)
