@@ -125,7 +125,13 @@ def create_app(settings: Settings | None = None, catalog: Catalog | None = None)
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             if state.background:
-                await asyncio.wait(state.background, timeout=5)
+                _, late = await asyncio.wait(state.background, timeout=5)
+                # what is still running (a judge's grade waiting on its worker) is cancelled before the
+                # budgets are flushed, so its own handler settles its hold into what is saved
+                for task in late:
+                    task.cancel()
+                if late:
+                    await asyncio.wait(late, timeout=2)
             await state.stores.budgets.flush()
             await asyncio.to_thread(state.stores.ledger.close)
             await state.stores.close()

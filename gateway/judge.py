@@ -223,8 +223,9 @@ class Judge:
             await budgets.release(hold)
             log.warning("judge %s could not grade %s: %s", worker.name, job.request_id, err.message)
             return "worker_error"
-        except BaseException:  # cancelled at shutdown: no hold outlives the call
-            await asyncio.shield(budgets.release(hold))
+        except BaseException:  # cancelled at shutdown, the call already sent: its provider may bill it,
+            # so the judge's budget is charged the hold (the most the grade can cost), not nothing
+            await asyncio.shield(budgets.settle(hold, hold.micros))
             raise
         spent = to_micros(completion.cost_usd)
         await budgets.settle(hold, spent)

@@ -321,3 +321,21 @@ def test_a_judge_outside_the_catalog_is_refused_when_the_policy_is_put(make_gate
     assert put.status_code == 400 and "judge worker not in the catalog: acme -> no-such-worker" in put.text
     after = httpx.get(gw.url + "/admin/policies", headers=gw.auth(gw.admin_key), timeout=30).text
     assert after == before  # the policy in force is unchanged
+
+
+def test_a_grade_cut_by_shutdown_is_charged_to_the_judge_budget(make_gateway, upstream):
+    """A rolling deploy stops the gateway while the judge is answering. The call was sent and its
+    provider may bill it: the judge's budget is charged its hold (the most the grade can cost), and
+    the charge is in spend.json, where it used to be released and lost."""
+    gw = make_gateway()
+    upstream.behave("pricey-model", text="8", latency_s=30.0)
+    ask(gw, "what is a leaky bucket")
+    deadline = time.monotonic() + DEADLINE_S
+    while not upstream.requests_for("pricey-model"):  # the judge has the question
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    gw.server.stop()  # waits 5 s for bookkeeping, then cancels the grade
+    settled = json.loads((gw.data_dir / "spend.json").read_text())["settled"]
+    charged = [micros for key, micros in settled.items() if key.startswith("judge:acme|d:")]
+    assert charged and charged[0] > 0, settled
+    assert judge_feedback(gw.data_dir) == []  # no grade came back: no label
