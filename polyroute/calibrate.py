@@ -377,6 +377,23 @@ class Runner:
                         )
             finally:
                 self.held -= hold
+        except asyncio.CancelledError:  # Ctrl-C: the call was sent, and its provider may bill it
+            self.state.ledger.record_request(
+                RequestRecord(
+                    **common,
+                    worker=None,
+                    status=499,
+                    latency_ms=round((time.perf_counter() - started) * 1000, 2),
+                    fallbacks=(worker.name,),
+                    trace={
+                        CALIBRATION: {
+                            **trace,
+                            "error": f"stopped while {worker.name} answered: the call may cost up to ${hold:.6f}",
+                        }
+                    },
+                )
+            )
+            raise
         except (WorkerError, TimeoutError) as exc:
             status = exc.status if isinstance(exc, WorkerError) else 504
             message = (

@@ -143,8 +143,11 @@ def setup(tmp_path: Path, upstream) -> dict:
     return {"data_dir": tmp_path / "data", "workers_file": workers_file, "probe_file": probe_file}
 
 
-def calibrate(setup: dict, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    """`polyroute router calibrate` in a subprocess, pointed at the test catalog and probe file."""
+def calibrate_command(
+    setup: dict, *args: str, env: dict[str, str] | None = None
+) -> tuple[list[str], dict[str, str]]:
+    """The command line and environment of `polyroute router calibrate` pointed at the test catalog
+    and probe file."""
     clean = {k: v for k, v in os.environ.items() if not k.startswith("POLYROUTE_") and k != "REDIS_URL"}
     environment = {
         **clean,
@@ -157,9 +160,13 @@ def calibrate(setup: dict, *args: str, env: dict[str, str] | None = None) -> sub
     command += ["--data-dir", str(setup["data_dir"]), "--workers-file", str(setup["workers_file"])]
     if "--probe-file" not in args:
         command += ["--probe-file", str(setup["probe_file"])]
-    return subprocess.run(
-        [*command, *args], capture_output=True, text=True, timeout=600, env=environment, cwd=ROOT
-    )
+    return [*command, *args], environment
+
+
+def calibrate(setup: dict, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """`polyroute router calibrate` in a subprocess, pointed at the test catalog and probe file."""
+    command, environment = calibrate_command(setup, *args, env=env)
+    return subprocess.run(command, capture_output=True, text=True, timeout=600, env=environment, cwd=ROOT)
 
 
 def ledger(setup: dict) -> list[dict]:
@@ -442,3 +449,35 @@ def test_the_cost_cap_holds_at_concurrency_when_answers_cost_more_than_predicted
     assert "stopped at the cost cap" in done.stderr
     spent = sum(r["cost_micros"] for r in ledger(setup) if r["type"] == "request")
     assert 0 < spent <= 3000
+
+
+def test_ctrl_c_records_the_calls_it_leaves_in_flight(setup, upstream):
+    """Ctrl-C while workers answer: the graded pairs are kept (a rerun resumes), and each call left
+    in flight is in the ledger as stopped (status 499), with the most it may cost: it was sent, and
+    its provider may bill it. Such calls used to leave no trace."""
+    import signal
+    import time
+
+    upstream.behave("cheap-model", replies=RIGHT, text="?", latency_s=30.0)
+    command, environment = calibrate_command(
+        setup, "--workers", "cheap", "--probes", "8", "--concurrency", "1"
+    )
+    proc = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environment, cwd=ROOT
+    )
+    try:
+        deadline = time.monotonic() + 120  # the CLI starts, loads, then sends its first probe
+        while not upstream.requests_for("cheap-model"):
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    stopped = [r for r in ledger(setup) if r["type"] == "request" and r["status"] == 499]
+    assert len(stopped) == 1, ledger(setup)
+    assert stopped[0]["fallbacks"] == ["cheap"]
+    assert "may cost up to $" in stopped[0]["trace"]["calibration"]["error"]
+    assert graded_pairs(ledger(setup)) == {}  # nothing answered: nothing graded, all left for a rerun
