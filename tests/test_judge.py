@@ -248,14 +248,20 @@ def test_a_policy_rule_cannot_take_the_id_of_a_budget_exclusion():
             parse_policy(yaml.safe_dump({**policy(JUDGE), "rules": [{**INTERNAL_NOT_US, "id": reserved}]}))
 
 
-def test_a_grade_whose_judge_answers_after_judging_is_turned_off_is_dropped(make_gateway, upstream):
+def judge_answering(make_gateway, upstream, latency_s: float):
+    """A gateway whose judge has been sent a grade and takes ``latency_s`` to answer it."""
     gw = make_gateway()
-    upstream.behave("pricey-model", text="8", latency_s=2.0)
+    upstream.behave("pricey-model", text="8", latency_s=latency_s)
     ask(gw, "what is a leaky bucket")
     deadline = time.monotonic() + DEADLINE_S
-    while not upstream.requests_for("pricey-model"):  # the judge has the question
+    while not upstream.requests_for("pricey-model"):
         assert time.monotonic() < deadline
         time.sleep(0.02)
+    return gw
+
+
+def test_a_grade_whose_judge_answers_after_judging_is_turned_off_is_dropped(make_gateway, upstream):
+    gw = judge_answering(make_gateway, upstream, latency_s=2.0)
     off = httpx.put(
         gw.url + "/admin/policies",
         headers={**gw.auth(gw.admin_key), "content-type": "application/yaml"},
@@ -327,13 +333,7 @@ def test_a_grade_cut_by_shutdown_is_charged_to_the_judge_budget(make_gateway, up
     """A rolling deploy stops the gateway while the judge is answering. The call was sent and its
     provider may bill it: the judge's budget is charged its hold (the most the grade can cost), and
     the charge is in spend.json, where it used to be released and lost."""
-    gw = make_gateway()
-    upstream.behave("pricey-model", text="8", latency_s=30.0)
-    ask(gw, "what is a leaky bucket")
-    deadline = time.monotonic() + DEADLINE_S
-    while not upstream.requests_for("pricey-model"):  # the judge has the question
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
+    gw = judge_answering(make_gateway, upstream, latency_s=30.0)
     gw.server.stop()  # waits 5 s for bookkeeping, then cancels the grade
     settled = json.loads((gw.data_dir / "spend.json").read_text())["settled"]
     charged = [micros for key, micros in settled.items() if key.startswith("judge:acme|d:")]
