@@ -400,14 +400,12 @@ def workflow_for(state, composition: Composition, chat: ChatCompletionRequest):
     return Debate(debaters=min(3, max(2, settings.compose_members - 1)), rounds=1)
 
 
-def _asker(state, deadline: float):
-    """One workflow step's call. `deadline` (loop time) is the request's: a step still running then is
-    cut like a step past its own timeout (the workflow drops it and stops early, billing what ran)."""
+def _asker(state):
+    """One workflow step's call. Its bounds (the step timeout, the request's deadline) are Run's."""
 
     async def ask(worker: Worker, messages: list[dict[str, Any]], params: dict[str, Any]) -> Answer:
         step = ChatCompletionRequest.model_validate({"model": worker.name, "messages": messages, **params})
-        async with asyncio.timeout_at(deadline):
-            result = await state.client.complete(worker, state.api_base(worker), step)
+        result = await state.client.complete(worker, state.api_base(worker), step)
         choices = result.body.get("choices") or [{}]
         text = (choices[0].get("message") or {}).get("content") or ""
         return Answer(
@@ -447,7 +445,7 @@ async def respond(state, request: Request, ex, composition: Composition) -> Resp
     run = Run(
         messages=memory.workflow_messages(ex.memory, chat.messages_payload()),
         pool=composition.pool,
-        ask=_asker(state, deadline),
+        ask=_asker(state),
         deadline=deadline,
         output_limits={w.name: n for w in composition.pool if (n := known_output_limit(w.model)) is not None},
         ceiling_usd=ceiling,

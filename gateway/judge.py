@@ -131,9 +131,7 @@ class Judge:
     def sample(self, state: AppState, ex: Any, worker: str, answer: str | None) -> Job | None:
         """Once a request has its answer (`ex` is its Exchange): the cheap checks and the sampling
         draw, all the request itself pays. A Job to `start` once the response is sent, or None."""
-        engine = state.policy.engine
-        tenant = engine.policy.tenants.get(ex.tenant) if engine is not None else None
-        settings = tenant.judge if tenant is not None else None
+        settings = _settings(state, ex.tenant)
         if settings is None:
             return None
         skipped = None

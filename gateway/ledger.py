@@ -20,6 +20,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from router.routelog import is_number
+
 log = logging.getLogger("polyroute.ledger")
 
 STORABLE_CLASSES = frozenset({"public", "internal"})
@@ -95,6 +97,15 @@ def numbered_lines(path: Path) -> Iterator[tuple[int, dict]]:
                 log.warning("ledger %s line %d is not JSON; skipped", path, number)
 
 
+def _request_key(record: dict) -> tuple[str, str, str | None] | None:
+    """(id, tenant, worker) of a request record, None when it lacks an id or tenant (a line the
+    gateway did not write): what the index keeps of it."""
+    request_id, tenant, worker = record.get("id"), record.get("tenant"), record.get("worker")
+    if not isinstance(request_id, str) or not isinstance(tenant, str):
+        return None
+    return request_id, tenant, worker if isinstance(worker, str) else None
+
+
 def _ends_unterminated(path: Path) -> bool:
     """Whether the file's last byte is there and is not a newline."""
     try:
@@ -130,20 +141,17 @@ class Ledger:
         gateway did not write as a request record (edited by hand, another tool's) is skipped with a
         warning: the gateway must start whatever an old line holds."""
         for number, record in numbered_lines(self.path):
-            if not isinstance(record, dict) or record.get("type") != "request":
-                if not isinstance(record, dict) or record.get("type") != "feedback":
-                    log.warning(
-                        "ledger %s line %d is not a request or feedback record; skipped", self.path, number
-                    )
-                continue
-            request_id, tenant = record.get("id"), record.get("tenant")
-            if not isinstance(request_id, str) or not isinstance(tenant, str):
+            if not isinstance(record, dict) or record.get("type") not in ("request", "feedback"):
                 log.warning(
-                    "ledger %s line %d: a request without an id or tenant; skipped", self.path, number
+                    "ledger %s line %d is not a request or feedback record; skipped", self.path, number
                 )
-                continue
-            worker = record.get("worker")
-            self._remember(request_id, tenant, worker if isinstance(worker, str) else None)
+            elif record["type"] == "request":
+                if (key := _request_key(record)) is None:
+                    log.warning(
+                        "ledger %s line %d: a request without an id or tenant; skipped", self.path, number
+                    )
+                else:
+                    self._remember(*key)
 
     def _remember(self, request_id: str, tenant: str, worker: str | None) -> None:
         self._index[request_id] = (tenant, worker)
@@ -180,14 +188,10 @@ class Ledger:
         if found is not None or not self._index_truncated:
             return found
         for record in self.records():  # an old request, beyond the index: the rare slow path
-            if (
-                isinstance(record, dict)
-                and record.get("type") == "request"
-                and record.get("id") == request_id
-            ):
-                tenant, worker = record.get("tenant"), record.get("worker")
-                if isinstance(tenant, str):
-                    return tenant, worker if isinstance(worker, str) else None
+            if isinstance(record, dict) and record.get("type") == "request":
+                key = _request_key(record)
+                if key is not None and key[0] == request_id:
+                    return key[1], key[2]
         return None
 
     def record_feedback(self, record: FeedbackRecord) -> None:
@@ -211,10 +215,6 @@ class Ledger:
             self._fh.close()
 
 
-def _number(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-
-
 def record_problem(record: object) -> str | None:
     """What makes a record unusable for :func:`training_rows` and `router train` (None: nothing).
 
@@ -229,7 +229,7 @@ def record_problem(record: object) -> str | None:
         if "score" not in record:
             return "feedback without a score"
         score = record["score"]
-        if not _number(score) or not 0 <= score <= 1:
+        if not is_number(score) or not 0 <= score <= 1:
             return f"feedback score {score!r} is not a number from 0 to 1"
         if not isinstance(record.get("source") or "user", str):
             return f"feedback source {record['source']!r} is not a string"
@@ -243,7 +243,7 @@ def record_problem(record: object) -> str | None:
     if not isinstance(turns, int) or isinstance(turns, bool) or turns < 1:
         return f"request turns {turns!r} is not a positive whole number"
     for name in ("cost_micros", "completion_tokens"):
-        if record.get(name) is not None and (not _number(record[name]) or record[name] < 0):
+        if record.get(name) is not None and (not is_number(record[name]) or record[name] < 0):
             return f"request {name} {record[name]!r} is not a number >= 0"
     return None
 

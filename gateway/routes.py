@@ -21,7 +21,6 @@ from gateway.ledger import FeedbackRecord
 from gateway.state import AppState
 from gateway.store import StoreUnavailable
 from policies import Kind, PolicyError, PolicyRequest, PolicyRequestError, Spend, Worker
-from policies.loader import compile_policy
 from router import list_versions
 
 router = APIRouter()
@@ -261,8 +260,9 @@ async def admin_put_policy(request: Request) -> JSONResponse:
     except UnicodeDecodeError:
         raise APIError(400, "the policy must be UTF-8 text", code="invalid_policy") from None
     try:
-        _judges_in_catalog(await asyncio.to_thread(compile_policy, text, "request body"), state)
-        engine = await asyncio.to_thread(state.policy.replace, text, f"{admin.id} ({admin.name})")
+        engine = await asyncio.to_thread(
+            state.policy.replace, text, f"{admin.id} ({admin.name})", lambda e: _judges_in_catalog(e, state)
+        )
     except PolicyError as exc:
         raise APIError(400, str(exc), code="invalid_policy") from None
     return JSONResponse({"version": engine.version, "status": state.policy.status()})

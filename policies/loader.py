@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -148,9 +149,14 @@ class PolicySource:
                 return self._refuse(str(exc), who, fingerprint)
             return self._swap(engine, text, fingerprint, who, "reload")
 
-    def replace(self, text: str, who: str) -> PolicyEngine:
-        """Validate, write the file atomically, swap. Raises PolicyError and changes nothing if invalid."""
+    def replace(
+        self, text: str, who: str, check: Callable[[PolicyEngine], None] | None = None
+    ) -> PolicyEngine:
+        """Validate, write the file atomically, swap. Raises PolicyError and changes nothing if invalid;
+        ``check`` adds the caller's validation of the compiled policy (it raises PolicyError too)."""
         engine = compile_policy(text, "request body")
+        if check is not None:
+            check(engine)
         with self._lock:
             tmp = self.path.with_suffix(f".tmp.{os.getpid()}")
             tmp.write_text(text, encoding="utf-8")

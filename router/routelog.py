@@ -47,7 +47,8 @@ def route_log(
     }
 
 
-def _number(value: Any) -> bool:
+def is_number(value: Any) -> bool:
+    """A finite int or float read from JSON (a bool is not a number here)."""
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
@@ -70,15 +71,15 @@ def route_problem(log: Any) -> str | None:
     if not _names(log.get("pool")) or not _names(log.get("explore", [])):
         return "route pool and explore must be lists of worker names"
     propensity = log.get("propensity")
-    if not _number(propensity) or not 0 < propensity <= 1:
+    if not is_number(propensity) or not 0 < propensity <= 1:
         return f"route propensity {propensity!r} is not a probability in (0, 1]"
-    if not _number(log.get("epsilon", 0.0)) or not _number(log.get("cost_weight")):
+    if not is_number(log.get("epsilon", 0.0)) or not is_number(log.get("cost_weight")):
         return "route epsilon and cost_weight must be numbers"
     chars = log.get("prompt_chars")
     if not isinstance(chars, int) or isinstance(chars, bool) or chars < 0:
         return f"route prompt_chars {chars!r} is not a whole number >= 0"
     for name in ("max_output_tokens", "min_quality"):
-        if log.get(name) is not None and not _number(log[name]):
+        if log.get(name) is not None and not is_number(log[name]):
             return f"route {name} {log[name]!r} is not a number"
     return None
 

@@ -25,7 +25,6 @@ from policies.cost import estimate_tokens
 # max_tokens is sent then (a larger one may be refused by the provider), so such a worker is not
 # bounded strictly.
 UNKNOWN_OUTPUT_LIMIT = 4096
-MILLION = Decimal(1_000_000)
 
 
 # Steps whose output the workflow reads as a verdict (a judge's pick, a reviewer's critique), not as an
@@ -167,13 +166,12 @@ class Run:
         When their predictions do not all fit, the first ones that do share it and the rest get 0 (the
         ceiling refuses them, as it would have refused them one after the other)."""
         predicted = [self.predict(w, messages) for w in workers]
-        left = self.room()
+        room = left = self.room()
         fits = []  # in order, the steps whose predictions fit what the earlier ones leave
         for p in predicted:
             fits.append(p <= left)
             left -= p if fits[-1] else 0
         total = sum((p for p, ok in zip(predicted, fits, strict=True) if ok), Decimal(0))
-        room = self.room()
         if total <= 0:  # free steps, or none fits: an even split (a step that does not fit is refused)
             return [room / len(workers) if ok else Decimal(0) for ok in fits] if workers else []
         return [room * p / total if ok else Decimal(0) for p, ok in zip(predicted, fits, strict=True)]
@@ -187,7 +185,7 @@ class Run:
         tokens where 256 were predicted passes the ceiling, and the budget with it."""
         prompt_tokens, _ = estimate_tokens(chars(messages), None)
         prompt_cost = worker.cost_usd(prompt_tokens, 0)
-        per_token = worker.output_price_per_m / MILLION
+        per_token = worker.cost_usd(0, 1)
         if per_token <= 0:  # output is free: nothing to bound
             return None, prompt_cost
         affordable = int((allowance - prompt_cost) / per_token)
