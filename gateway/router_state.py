@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Mapping
 from pathlib import Path
 
+from policies import Worker
 from router import (
     CheapestRouter,
     LearnedRouter,
@@ -31,8 +33,14 @@ class RouterHolder:
         default_cost_weight: float = 0.5,
         exploration: float = 0.0,
         min_examples: int = 50,
+        startup_error: str | None = None,
+        catalog: Mapping[str, Worker] | None = None,
     ) -> None:
+        """``startup_error``: why the router the operator asked for at start (the shipped prior) is
+        not in force; shown as ``error`` while the rules serve, until a version is put in force.
+        ``catalog``: the catalog's workers by name, for the learned router's ``profile_like`` priors."""
         self.root = Path(root)
+        self.catalog = dict(catalog or {})
         self.rules = CheapestRouter()
         self.current: CheapestRouter | LearnedRouter = self.rules
         self.error: str | None = None
@@ -41,6 +49,8 @@ class RouterHolder:
         self._settings = (default_cost_weight, exploration, min_examples)
         self._lock = threading.Lock()
         self.reload()
+        if self.error is None and self.current is self.rules:
+            self.error = startup_error
 
     def pointer_version(self) -> str | None:
         try:
@@ -49,8 +59,13 @@ class RouterHolder:
             return f"unreadable: {exc}"
 
     def changed(self) -> bool:
+        """Whether :meth:`reload` has something to do: the pointer names a version neither loaded nor
+        already refused, or it is back on the version in force while a refusal is still reported (a
+        rollback after a damaged version). A pointer that stays damaged is not retried each tick."""
         version = self.pointer_version()
-        return version != self._loaded_version and version != self._failed_version
+        if version == self._loaded_version:
+            return version is not None and self._failed_version is not None
+        return version != self._failed_version
 
     def reload(self) -> bool:
         """Load the version current.json names, if it changed. True when a new router is in force."""
@@ -58,7 +73,10 @@ class RouterHolder:
             try:
                 version = read_pointer(self.root).get("version")
             except RouterLoadError as exc:
-                return self._fail(str(exc), None)
+                return self._fail(str(exc), f"unreadable: {exc}")  # the form pointer_version() reports
+            if version is not None and version == self._loaded_version:
+                self.error, self._failed_version = None, None  # back on the router in force
+                return False
             if version == self._loaded_version or (version is not None and version == self._failed_version):
                 return False
             if version is None:
@@ -68,7 +86,9 @@ class RouterHolder:
                 artifact = load_version(self.root, version)
                 features = feature_builder_for(artifact.features)
                 weight, exploration, min_examples = self._settings
-                router = LearnedRouter(artifact, features, weight, exploration, min_examples)
+                router = LearnedRouter(
+                    artifact, features, weight, exploration, min_examples, catalog=self.catalog
+                )
                 router.predict_quality("warm-up query", 1)  # fail here, not on a client's request
                 if router.planner is not None:
                     from router.compose.planned import check_planner

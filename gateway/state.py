@@ -122,10 +122,11 @@ def build_state(settings: Settings, catalog: Catalog | None = None) -> AppState:
     if policy.engine is None:
         log.error("no valid policy: every chat request is refused until one loads (%s)", policy.last_error)
     router_dir = settings.router_dir or data_dir / "router"
+    prior_error = None
     if settings.router_prior:
-        from router.shipped import install_shipped_prior
+        from router.shipped import try_install_shipped_prior
 
-        install_shipped_prior(router_dir)
+        prior_error = try_install_shipped_prior(router_dir)
     state = AppState(
         settings=settings,
         catalog=catalog,
@@ -135,6 +136,8 @@ def build_state(settings: Settings, catalog: Catalog | None = None) -> AppState:
             settings.cost_weight,
             settings.exploration,
             settings.exploration_min_examples,
+            startup_error=prior_error,
+            catalog={worker.name: worker for worker in catalog.workers},
         ),
         metrics=metrics,
         client=WorkerClient(

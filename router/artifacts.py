@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -56,8 +57,12 @@ def is_version_name(version: str) -> bool:
 
 def _write_json(path: Path, data: dict) -> None:
     tmp = path.with_suffix(f".tmp.{os.getpid()}")
-    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def read_pointer(root: Path) -> dict:
@@ -70,13 +75,17 @@ def read_pointer(root: Path) -> dict:
 
 
 def save_artifact(root: Path, artifact: RouterArtifact, activate: bool = True) -> Path:
-    """Write model and card into a new version directory; optionally make it current."""
+    """Write model and card into a new version directory; optionally make it current.
+
+    Both files are written into a hidden staging directory renamed into place, so a failed write (a
+    full disk, a crash) leaves no half version that `router activate` could point at: the error is
+    raised as an OSError naming the router dir, and the version in force is untouched."""
     root = Path(root)
     if not artifact.version:
         artifact.version = new_version(json.dumps(artifact.card, sort_keys=True, default=str).encode())
     directory = root / artifact.version
-    directory.mkdir(parents=True, exist_ok=False)
-    joblib.dump(artifact, directory / "model.joblib", compress=3)
+    if directory.exists():
+        raise FileExistsError(f"router version {artifact.version} already exists under {root}")
     card = {
         **artifact.card,
         "version": artifact.version,
@@ -85,17 +94,40 @@ def save_artifact(root: Path, artifact: RouterArtifact, activate: bool = True) -
         "observed": artifact.observed,
         "format": artifact.format,
     }
-    _write_json(directory / "card.json", card)
+    root.mkdir(parents=True, exist_ok=True)
+    staging = root / f".{artifact.version}.saving.{os.getpid()}"
+    try:
+        staging.mkdir()
+        joblib.dump(artifact, staging / "model.joblib", compress=3)
+        _write_json(staging / "card.json", card)
+        staging.rename(directory)
+    except OSError as exc:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise OSError(f"cannot write router version {artifact.version} under {root}: {exc}") from exc
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
     if activate:
-        activate_version(root, artifact.version)
+        activate_version(root, artifact.version, check=False)  # just written by this process
     return directory
 
 
-def activate_version(root: Path, version: str) -> None:
+def activate_version(root: Path, version: str, check: bool = True) -> None:
+    """Point current.json at ``version``. With ``check`` the version's model is loaded first, so a
+    damaged one is refused here (RouterLoadError) rather than reported in force while every gateway
+    refuses it. Re-activating the version in force keeps the rollback target; a damaged current.json is
+    replaced (its rollback target is lost with it)."""
     root = Path(root)
     if not is_version_name(version) or not (root / version / "model.joblib").is_file():
         raise RouterLoadError(f"no router model version {version!r} under {root}")
-    previous = read_pointer(root).get("version")
+    if check:
+        load_version(root, version)
+    try:
+        pointer = read_pointer(root)
+    except RouterLoadError:  # a damaged pointer is what activating a version repairs
+        pointer = {}
+    current = pointer.get("version")
+    previous = pointer.get("previous") if current == version else current
     _write_json(root / CURRENT, {"version": version, "previous": previous if previous != version else None})
 
 
@@ -140,6 +172,8 @@ def list_versions(root: Path) -> list[dict]:
         return []
     cards = []
     for card in sorted(root.glob("*/card.json")):
+        if card.parent.name.startswith("."):  # a staging directory, never a version
+            continue
         try:
             cards.append(json.loads(card.read_text()))
         except (OSError, ValueError):

@@ -34,17 +34,35 @@ def _tiebreak(e: Estimate) -> tuple:
     return (e.cost_usd, e.active_params_b if e.active_params_b is not None else float("inf"), e.worker)
 
 
-def utility(e: Estimate, cost_weight: float, max_cost: Decimal) -> float:
+def utility(
+    e: Estimate, cost_weight: float, max_cost: Decimal, active_weight: float = 0.0, max_active: float = 1.0
+) -> float:
+    """quality − λ·price, where price is the cost normalized by the pool's dearest worker, blended with
+    the worker's active parameters normalized by the pool's largest when the policy prefers fewer:
+    (1 − w)·cost/max cost + w·active/max active (a worker of unknown size counts as the largest), the
+    same blend the rule-based router ranks by."""
     normalized = float(e.cost_usd / max_cost) if max_cost > 0 else 0.0
+    if active_weight:
+        active = e.active_params_b if e.active_params_b is not None else max_active
+        normalized = (1 - active_weight) * normalized + active_weight * active / max_active
     return e.quality - cost_weight * normalized
 
 
-def choose(estimates: list[Estimate], cost_weight: float, min_quality: float | None = None) -> Choice:
+def choose(
+    estimates: list[Estimate],
+    cost_weight: float,
+    min_quality: float | None = None,
+    active_weight: float = 0.0,
+) -> Choice:
+    """``active_weight``: the policy's ``prefer_fewer_active_params`` (0..1), see :func:`utility`."""
     if not estimates:
         raise ValueError("no worker to choose from")
     if cost_weight < 0:
         raise ValueError("cost_weight must be >= 0")
+    if not 0 <= active_weight <= 1:
+        raise ValueError("active_weight must be between 0 and 1")
     max_cost = max(e.cost_usd for e in estimates)
+    max_active = max((e.active_params_b for e in estimates if e.active_params_b is not None), default=1.0)
     if min_quality is not None:
         reaching = sorted((e for e in estimates if e.quality >= min_quality), key=_tiebreak)
         rest = sorted(
@@ -58,10 +76,17 @@ def choose(estimates: list[Estimate], cost_weight: float, min_quality: float | N
             reason = f"none predicted to reach {min_quality:g}; best predicted (q={top.quality:.3f})"
     else:
         ranked = tuple(
-            sorted(estimates, key=lambda e: (-round(utility(e, cost_weight, max_cost), 12), *_tiebreak(e)))
+            sorted(
+                estimates,
+                key=lambda e: (
+                    -round(utility(e, cost_weight, max_cost, active_weight, max_active), 12),
+                    *_tiebreak(e),
+                ),
+            )
         )
         top = ranked[0]
-        reason = f"max quality - {cost_weight:g}*cost (q={top.quality:.3f}, ${top.cost_usd:.6f})"
+        price = f"(cost vs active params, weight {active_weight:g})" if active_weight else "cost"
+        reason = f"max quality - {cost_weight:g}*{price} (q={top.quality:.3f}, ${top.cost_usd:.6f})"
     if not top.known:
         reason += "; no data for this worker yet, prior used"
     return Choice(ranked, reason)

@@ -9,6 +9,7 @@ workers (exploration, off by default) so the model can learn about them.
 from __future__ import annotations
 
 import random
+from collections.abc import Mapping
 from decimal import Decimal
 from typing import Any
 
@@ -37,7 +38,11 @@ class LearnedRouter:
         min_examples: int = 50,
         seed: int | None = None,
         prior_strength: float = PRIOR_STRENGTH,
+        catalog: Mapping[str, Worker] | None = None,
     ) -> None:
+        """``catalog``: the catalog's workers by name, so a ``profile_like`` naming a worker the model
+        has no column for (every catalog worker, under the shipped prior) starts from that worker's
+        own prior rather than being ignored."""
         if not 0 <= exploration <= 0.5:
             raise ValueError("exploration must be between 0 and 0.5")
         self.artifact = artifact
@@ -47,6 +52,7 @@ class LearnedRouter:
         self.min_examples = min_examples
         self.prior_strength = prior_strength
         self._rng = random.Random(seed)
+        self.catalog = dict(catalog or {})
         self._column = {name: i for i, name in enumerate(artifact.workers)}
         self._tier_columns: dict[str, list[str]] = {}
         for name, tier in (artifact.card.get("public_tiers") or {}).items():
@@ -73,8 +79,9 @@ class LearnedRouter:
         A worker whose catalog entry names `profile_like` starts from that worker's prediction for
         this very query (so a new code model inherits a code model's strengths, not an average), and
         blends towards its own model as its labelled examples n grow: weight n / (n + prior_strength).
+        A profile the model has no column for either lends its own prior (its tier's).
         """
-        like = predicted.get(worker.profile_like) if worker.profile_like else None
+        like = self._profile(worker, predicted)
         if worker.name not in predicted:
             return (like if like is not None else self._prior(worker, predicted)), False
         if like is None:
@@ -83,19 +90,39 @@ class LearnedRouter:
         weight = n / (n + self.prior_strength) if n + self.prior_strength > 0 else 1.0
         return weight * predicted[worker.name] + (1.0 - weight) * like, True
 
+    def _profile(self, worker: Worker, predicted: dict[str, float]) -> float | None:
+        """The estimate ``worker.profile_like`` lends: its prediction, else (a catalog worker the model
+        has no column for) its own prior; None without a usable profile."""
+        name = worker.profile_like
+        if not name:
+            return None
+        if name in predicted:
+            return predicted[name]
+        target = self.catalog.get(name)
+        return None if target is None else self._prior(target, predicted)
+
     def _prior(self, worker: Worker, known: dict[str, float]) -> float:
-        """An unseen worker without a profile: the mean predicted quality *for this query* of the model's
-        workers of its tier when the card names them (the shipped prior's public models,
-        ``card["public_tiers"]``), else its tier's mean quality if training saw that tier, else no better
-        than the worst known worker for this query — pessimistic, so a free unknown model does not win
-        everything on price; calibration, exploration and feedback are how it earns a better estimate."""
+        """An unseen worker without a profile; calibration, exploration and feedback are how it earns
+        an estimate of its own:
+
+        * a base model (a local worker with ``instruct: false``): the worst known worker's prediction for
+          this query, since none of the public models, all instruction-tuned, is like it; pessimistic,
+          so a free base model does not win on price alone;
+        * else, when the card names public models of its tier (the shipped prior, ``card["public_tiers"]``),
+          their mean prediction for this query: a typical model of its kind. Their minimum was tried
+          and dropped: columns fitted on different datasets differ in scale, so the weakest is often
+          a dataset's artefact (an open-moe "worst" of 0.13 beside a frontier mean of 0.75);
+        * else its tier's mean quality if training saw that tier, else the worst known worker's
+          prediction (pessimistic, as for a base model).
+        """
+        worst = min(known.values()) if known else 0.5
+        if worker.local is not None and not worker.local.instruct:
+            return worst
         tiers = self._tier_columns.get(worker.tier.value)
         if tiers:
             return float(np.mean([known[name] for name in tiers]))
         prior = self.artifact.tier_prior.get(worker.tier.value)
-        if prior is None:
-            prior = min(known.values()) if known else 0.5
-        return prior
+        return worst if prior is None else prior
 
     def basis(self, worker: Worker) -> dict:
         """What this router's estimate for ``worker`` rests on, for the model card and /admin/router:
@@ -107,18 +134,27 @@ class LearnedRouter:
                 "labels": int(self.artifact.observed.get(worker.name, 0)),
                 "from": "calibration probes" if onboarded else "training data",
             }
-        if worker.profile_like and worker.profile_like in self._column:
-            return {"basis": "profile_like", "like": worker.profile_like}
+        like = worker.profile_like
+        if like and like in self._column:
+            return {"basis": "profile_like", "like": like, "from": f"{like}'s prediction for each query"}
+        if like and like in self.catalog:
+            return {
+                "basis": "profile_like",
+                "like": like,
+                "from": f"{like}'s prior: {self._prior_source(self.catalog[like])}",
+            }
+        return {"basis": "prior", "tier": worker.tier.value, "from": self._prior_source(worker)}
+
+    def _prior_source(self, worker: Worker) -> str:
+        """What :meth:`_prior` rests on for ``worker``, in words."""
+        if worker.local is not None and not worker.local.instruct:
+            return "the worst known worker's quality for each query (a base model)"
         tiers = self._tier_columns.get(worker.tier.value)
-        return {
-            "basis": "prior",
-            "tier": worker.tier.value,
-            "from": f"the mean of {len(tiers)} public {worker.tier.value} models for each query"
-            if tiers
-            else "the tier's mean quality"
-            if worker.tier.value in self.artifact.tier_prior
-            else "the worst known worker's quality for each query",
-        }
+        if tiers:
+            return f"the mean of {len(tiers)} public {worker.tier.value} models for each query"
+        if worker.tier.value in self.artifact.tier_prior:
+            return "the tier's mean quality"
+        return "the worst known worker's quality for each query"
 
     def estimates(self, request: RouteRequest, pool: list[Worker]) -> list[Estimate]:
         quality = self.predict_quality(request.text, request.turns)
@@ -139,7 +175,12 @@ class LearnedRouter:
         candidates, tools_only = tool_capable(request, pool)
         by_name = {w.name: w for w in candidates}
         cost_weight = self.default_cost_weight if request.cost_weight is None else request.cost_weight
-        choice = choose(self.estimates(request, candidates), cost_weight, request.min_quality)
+        choice = choose(
+            self.estimates(request, candidates),
+            cost_weight,
+            request.min_quality,
+            request.prefer_fewer_active_params,
+        )
         ranked = [by_name[e.worker] for e in choice.ranked]
         strategy, reason = "fast", choice.reason
         greedy = ranked[0].name

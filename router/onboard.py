@@ -164,6 +164,27 @@ class OnboardedQuality:
         return out
 
 
+# What a base version's card says of how *it* was built; an onboarded version was not built so.
+_BUILD_FIELDS = ("kind", "created_at", "train_seconds")
+
+
+def _onboarded_card(artifact: RouterArtifact, onboarding: dict, alpha: float) -> dict:
+    """The new version's own card: the base's description of its data and model (what the shared
+    representation was trained on, the public tiers) kept, its build stamp replaced by this one's."""
+    card = {k: v for k, v in artifact.card.items() if k not in _BUILD_FIELDS}
+    return {
+        **card,
+        "kind": "onboarded",
+        "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "based_on": {
+            field: artifact.card[field] for field in ("kind", "created_at") if field in artifact.card
+        }
+        | {"version": artifact.version},
+        "onboarding": onboarding,
+        "onboarding_alpha": alpha,
+    }
+
+
 def onboard_artifact(
     artifact: RouterArtifact,
     features: Any,
@@ -213,6 +234,6 @@ def onboard_artifact(
         model=model,
         output_tokens={**artifact.output_tokens, **(output_tokens or {})},
         observed=observed,
-        card={**artifact.card, "onboarding": onboarding, "onboarding_alpha": alpha},
+        card=_onboarded_card(artifact, onboarding, alpha),
         version="",
     )

@@ -236,6 +236,15 @@ def test_without_any_router_in_force_the_grades_are_kept_and_the_fit_waits(setup
     assert "no router is in force" in done.stderr
     assert len([r for r in ledger(setup) if r.get("source") == "calibration"]) == 8
 
+    # with the prior allowed again (the default), a rerun with nothing left to send puts it in force
+    # and fits the grades that waited, as the first message promised
+    again = calibrate(setup, "--workers", "cheap", "--probes", "8")
+    assert again.returncode == 0, again.stderr
+    assert "nothing to send" in again.stderr and "no router is in force" not in again.stderr
+    from router.shipped import shipped_version
+
+    assert f"on top of {shipped_version()}" in again.stderr
+
 
 def test_the_cost_cap_stops_the_run_and_a_rerun_resumes_without_repeating(setup, upstream):
     # Every call costs 2998 × $0.10/1M + 1 × $0.20/1M = $0.0003: three fit under $0.001, a fourth does not.

@@ -68,3 +68,16 @@ def test_higher_lambda_never_picks_a_more_expensive_worse_worker(pool, low, extr
     at_high = choose(pool, low + extra).ranked[0]
     assert not (at_high.cost_usd > at_low.cost_usd and at_high.quality < at_low.quality)
     assert at_high.cost_usd <= at_low.cost_usd  # the chosen cost never rises with λ
+
+
+def test_the_policy_preference_for_fewer_active_params_weighs_in_the_price():
+    big, small = est("big", 0.80, "0.001", active=400), est("small", 0.70, "0.001", active=3)
+    assert choose([big, small], 0.5).ranked[0].worker == "big"  # same price: quality decides
+    # w = 1: size alone is the price, so 0.5 × (1 − 3/400) outweighs the 0.1 quality gap
+    assert choose([big, small], 0.5, active_weight=1.0).ranked[0].worker == "small"
+    assert "active params" in choose([big, small], 0.5, active_weight=1.0).reason
+    assert choose([big, small], 0.0, active_weight=1.0).ranked[0].worker == "big"  # quality first
+    unknown = est("unknown", 0.80, "0.001")  # unknown size counts as the largest known (400)
+    assert choose([unknown, big, small], 0.5, active_weight=1.0).ranked[0].worker == "small"
+    with pytest.raises(ValueError, match="active_weight"):
+        choose([big, small], 0.5, active_weight=1.5)
