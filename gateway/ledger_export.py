@@ -2,7 +2,8 @@
 
 The export is what the router trains on and what finance reconciles against, so every record
 type keeps every field: requests and feedback share one Parquet schema (fields a type lacks
-are null), written in row groups so a ledger of millions of records never sits in memory.
+are null), written in row groups so a ledger of millions of records never sits in memory. The
+readers stream too, a line (or a Parquet row group) at a time, and read an export back as a ledger.
 """
 
 from __future__ import annotations
@@ -25,12 +26,16 @@ def ledger_records(data_dir: Path, redis_url: str | None) -> Iterator[dict]:
         yield record
 
 
-def located_ledger_records(data_dir: Path, redis_url: str | None) -> Iterator[tuple[str, dict]]:
+def located_ledger_records(
+    data_dir: Path, redis_url: str | None, *, warn: bool = True
+) -> Iterator[tuple[str, dict]]:
     """(where, record) per ledger record, oldest first: ``PATH:LINE`` in the file, ``redis record N``
-    in Redis, so a reader can name a record it cannot use.
+    in Redis, so a reader can name a record it cannot use. Streamed: nothing is held but one record.
 
     The file is read, not opened as a Ledger (which appends, sets permissions and reads the whole
-    file once more for its index, repeating every warning about a torn line)."""
+    file once more for its index, repeating every warning about a torn line). A torn line is skipped
+    by :func:`located_jsonl_lines`'s rule, with a warning unless ``warn`` is off (a reader's second
+    pass over the same file)."""
     if redis_url:
         import redis
 
@@ -42,44 +47,105 @@ def located_ledger_records(data_dir: Path, redis_url: str | None) -> Iterator[tu
         for number, record in enumerate(records, 1):
             yield f"redis record {number}", record
         return
-    from gateway.ledger import numbered_lines
-
     path = Path(data_dir) / "ledger.jsonl"
     if not path.exists():
         raise FileNotFoundError(f"no ledger at {path} (has this gateway served a request?)")
-    for number, record in numbered_lines(path):
-        yield f"{path}:{number}", record
+    yield from located_jsonl_lines(path, warn=warn)
+
+
+def _looks_torn(raw: bytes) -> bool:
+    """Whether a line that is not JSON can be what a crash leaves of a gateway's write: the start of
+    a record (the gateway writes ``{...}`` lines) or the zeros a file system may leave after a crash."""
+    content = raw.strip()
+    return content.startswith(b"{") or not content.strip(b"\0")
+
+
+def located_jsonl_lines(path: Path, *, warn: bool = True) -> Iterator[tuple[str, object]]:
+    """(``PATH:LINE``, parsed JSON) per non-blank line of a ledger JSONL file, read line by line.
+
+    The one rule for a line that is not JSON (or not UTF-8), shared by the data dir's reader and
+    ``--ledger FILE``: it is a write torn by a crash, skipped with a warning as the gateway's own
+    reader skips it — the gateway ends a torn line before appending, so one can sit anywhere in the
+    file. Unless nothing before it was JSON and it does not begin like a record either: then the file
+    is not a JSON ledger at all (a CSV, a Parquet export, a log) and a ValueError names the line,
+    rather than every line being skipped and the reader finding an empty ledger. Whether a JSON value
+    is a ledger record is the caller's to check."""
+    seen_json = False
+    with open(path, "rb") as fh:  # bytes: a torn multi-byte character is one bad line, not a crash
+        for number, raw in enumerate(fh, 1):
+            if not raw.strip():
+                continue
+            try:
+                value = json.loads(raw.decode("utf-8"))
+            except (UnicodeDecodeError, json.JSONDecodeError):
+                if not seen_json and not _looks_torn(raw):
+                    raise ValueError(
+                        f"{path}:{number}: not a JSON ledger record (give a gateway's ledger.jsonl or a "
+                        "`polyroute ledger export`)"
+                    ) from None
+                if warn:
+                    log.warning("ledger %s line %d is not JSON; skipped", path, number)
+                continue
+            seen_json = True
+            yield f"{path}:{number}", value
 
 
 def file_records(path: Path) -> Iterator[dict]:
-    """Every record of a ledger JSONL file (a gateway's ledger.jsonl or a JSONL export), read-only.
+    """Every record of a ledger file (a gateway's ledger.jsonl, or a `ledger export` in JSONL or
+    Parquet), read-only and streamed.
 
-    A torn last line (a crash mid-write) is skipped as the gateway's own reader skips it; a file that
-    is not a ledger at all fails on its first bad line, naming it."""
+    A line torn by a crash is skipped as the gateway's own reader skips it (:func:`located_jsonl_lines`);
+    a file that is not a ledger at all fails on its first bad line, naming it."""
     for _, record in located_file_records(path):
         yield record
 
 
-def located_file_records(path: Path) -> Iterator[tuple[str, dict]]:
-    """:func:`file_records` with each record's ``PATH:LINE``."""
+PARQUET_MAGIC = b"PAR1"
+
+
+def located_file_records(path: Path, *, warn: bool = True) -> Iterator[tuple[str, dict]]:
+    """:func:`file_records` with each record's ``PATH:LINE`` (``PATH row N`` in Parquet)."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no ledger file at {path}")
-    with open(path, encoding="utf-8") as fh:
-        lines = fh.readlines()
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            if number == len(lines):
-                log.warning("ledger %s: torn last line %d skipped", path, number)
-                continue
-            raise ValueError(f"{path}:{number}: not a JSON ledger record") from None
+    with open(path, "rb") as fh:
+        parquet = fh.read(len(PARQUET_MAGIC)) == PARQUET_MAGIC
+    located = located_parquet_records(path) if parquet else located_jsonl_lines(path, warn=warn)
+    for where, record in located:
         if not isinstance(record, dict) or record.get("type") not in ("request", "feedback"):
-            raise ValueError(f"{path}:{number}: not a ledger record (no type request/feedback)")
-        yield f"{path}:{number}", record
+            raise ValueError(f"{where}: not a ledger record (no type request/feedback)")
+        yield where, record
+
+
+def located_parquet_records(path: Path) -> Iterator[tuple[str, dict]]:
+    """(``PATH row N``, record) per row of a Parquet `ledger export`, a row group at a time.
+
+    The inverse of :func:`_row`: a null is a field the record's type lacks (requests and feedback
+    share the schema), so it is left out; `at` is a Unix time again and `trace`/`route` objects."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        parquet = pq.ParquetFile(path)
+    except (pa.ArrowException, OSError) as exc:
+        raise ValueError(f"{path}: not a readable Parquet file ({exc})") from None
+    if "type" not in parquet.schema_arrow.names:
+        raise ValueError(f"{path}: a Parquet file without a `type` column is not a `ledger export`")
+    number = 0
+    for batch in parquet.iter_batches(batch_size=BATCH_ROWS):
+        for row in batch.to_pylist():
+            number += 1
+            where = f"{path} row {number}"
+            record = {name: value for name, value in row.items() if value is not None}
+            if isinstance(record.get("at"), datetime):
+                record["at"] = record["at"].timestamp()
+            for name in ("trace", "route"):
+                if isinstance(record.get(name), str):
+                    try:
+                        record[name] = json.loads(record[name])
+                    except json.JSONDecodeError:
+                        raise ValueError(f"{where}: {name} is not JSON") from None
+            yield where, record
 
 
 def select(records: Iterator[dict], kind: str, since: datetime | None) -> Iterator[dict]:

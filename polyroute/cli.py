@@ -386,15 +386,158 @@ def _check_version(root: Path, version: str) -> None:
 
 
 def _renames(items: list[str] | None) -> dict[str, str]:
-    """``--map DATASET_WORKER=CATALOG_WORKER`` options as a dict; a malformed one exits with 2."""
-    renames = {}
+    """``--map DATASET_WORKER=CATALOG_WORKER`` options as a dict; a malformed one, or two for the same
+    dataset worker (which one was meant?), exits with 2."""
+    from rich.markup import escape
+
+    renames: dict[str, str] = {}
     for item in items or []:
         source, sep, target = item.partition("=")
         if not sep or not source or not target:
-            console.print(f"[red]--map takes DATASET_WORKER=CATALOG_WORKER, got {item!r}[/]")
+            console.print(f"[red]--map takes DATASET_WORKER=CATALOG_WORKER, got {escape(repr(item))}[/]")
+            raise typer.Exit(2)
+        if source in renames and renames[source] != target:
+            console.print(f"[red]--map renames {escape(repr(source))} twice ({renames[source]}, {target})[/]")
             raise typer.Exit(2)
         renames[source] = target
     return renames
+
+
+def _renamed(workers: list[str], renames: dict[str, str]) -> list[str]:
+    """The data's workers under their --map names.
+
+    A source the data lacks (a typo, or the other path's name for a worker) is refused rather than
+    left as is: the model would be saved under a name no catalog worker has, and the gateway would
+    never route to it. So is a map that gives two workers one name: the model would hold two columns
+    for one catalog worker, and the router reads only one of them."""
+    from rich.markup import escape
+
+    unknown = [source for source in renames if source not in workers]
+    if unknown:
+        console.print(
+            f"[red]--map: the data has no worker {escape(', '.join(map(repr, unknown)))}[/] "
+            f"(its workers: {escape(', '.join(workers))})"
+        )
+        raise typer.Exit(2)
+    renamed = [renames.get(w, w) for w in workers]
+    for name in dict.fromkeys(renamed):
+        merged = [w for w, new in zip(workers, renamed, strict=True) if new == name]
+        if len(merged) > 1:
+            console.print(
+                f"[red]--map gives {escape(' and '.join(merged))} the one name {escape(repr(name))}[/] "
+                "(each worker of the data needs a name of its own)"
+            )
+            raise typer.Exit(2)
+    return renamed
+
+
+def _workers_file(workers_file: Path | None) -> Path | None:
+    """--workers-file, else POLYROUTE_WORKERS_FILE as `serve` reads it (gateway Settings.from_env),
+    else None (the embedded catalog): in a gateway pod or the chart's retrain job, the offline commands
+    must see the catalog that the gateway they feed serves."""
+    if workers_file is not None:
+        return workers_file
+    from_env = os.environ.get("POLYROUTE_WORKERS_FILE")
+    return Path(from_env) if from_env else None
+
+
+def _offline_catalog(workers_file: Path | None, exit_code: int):
+    """The catalog of `_workers_file`, loaded before the long work: for `router train` its tiers give
+    the workers their priors, for `router eval --from-ledger` its prices. A missing or invalid file (a
+    typo in the option or the environment) exits with ``exit_code``; it is never silently replaced."""
+    from rich.markup import escape
+
+    from policies import CatalogError, load_catalog
+
+    path = _workers_file(workers_file)
+    try:
+        return load_catalog(path)
+    except CatalogError as exc:
+        where = " (from POLYROUTE_WORKERS_FILE)" if workers_file is None and path is not None else ""
+        console.print(f"[red]{escape(str(exc))}[/]{where}")
+        raise typer.Exit(exit_code) from None
+
+
+def _check_router_dir(root: Path, activate: bool) -> None:
+    """Refuse, before training, a router dir the new version cannot be saved into (a file, a path under
+    a file, a directory we may not write): found after the fit, the work would be lost. Creates nothing.
+
+    A current.json that cannot be read is said up front too: putting the new version in force replaces
+    it, as `router activate` does (its rollback target is lost with it), so the operator learns that
+    before the fit, not from a changed `router status` after it."""
+    from rich.markup import escape
+
+    from router import RouterLoadError, read_pointer
+
+    problem = None
+    for path in (root, *root.parents):
+        if not path.exists():
+            continue  # created when the version is saved
+        if not path.is_dir():
+            problem = f"{path} is a file" + ("" if path == root else f", so {root} cannot be created")
+        elif not os.access(path, os.W_OK | os.X_OK):
+            problem = f"cannot write into {path}"
+        break
+    if problem is not None:
+        console.print(
+            f"[red]router dir {escape(str(root))} is unusable: {escape(problem)}[/] "
+            "(give --router-dir, or set POLYROUTE_ROUTER_DIR)"
+        )
+        raise typer.Exit(1)
+    try:
+        read_pointer(root)
+    except (RouterLoadError, OSError) as exc:
+        then = "the new version replaces it" if activate else "--no-activate leaves it as it is"
+        console.print(f"[yellow]{escape(str(exc))}[/] ({then}; no rollback target can be read from it)")
+
+
+def _save_version(root: Path, artifact, activate: bool) -> Path:
+    """Save the trained version, then put it in force. Activation is a separate step, so a failure
+    there leaves the version on disk and says how to activate it: the training is never lost."""
+    from rich.markup import escape
+
+    from router import RouterLoadError, activate_version, save_artifact
+
+    try:
+        directory = save_artifact(root, artifact, activate=False)
+    except OSError as exc:
+        console.print(f"[red]cannot save the router in {escape(str(root))}: {escape(str(exc))}[/]")
+        raise typer.Exit(1) from None
+    if activate:
+        try:
+            activate_version(root, artifact.version, check=False)  # written by this process just now
+        except (RouterLoadError, OSError) as exc:
+            console.print(
+                f"[red]saved router {artifact.version} in {escape(str(directory))} but could not put it in "
+                f"force: {escape(str(exc))}[/] (then: polyroute router activate {artifact.version})"
+            )
+            raise typer.Exit(1) from None
+    return directory
+
+
+# `router train` options each data source reads: one given with a source that would ignore it is
+# refused (as `router eval` refuses --probes without --onboard), not silently dropped.
+TRAIN_OPTIONS_BY_SOURCE: dict[str, tuple[str, tuple[str, ...], str]] = {
+    "data": ("--data", ("dataset",), "applies only with --dataset routellm"),
+    "train_files": ("--train", ("format",), "applies only with --format FORMAT"),
+    "weight_calibration": ("--weight-calibration", ("ledger",), "applies only with --from-ledger"),
+    "weight_judge": ("--weight-judge", ("ledger",), "applies only with --from-ledger"),
+    "weight_feedback": ("--weight-feedback", ("ledger",), "applies only with --from-ledger"),
+    "map_": (
+        "--map",
+        ("dataset", "format"),
+        "renames a dataset's workers; the ledger records the gateway's catalog names already",
+    ),
+}
+
+
+def _refuse_ignored_train_options(ctx: typer.Context, source: str) -> None:
+    for name, (option, sources, why) in TRAIN_OPTIONS_BY_SOURCE.items():
+        # by name: typer ships its own copy of click, whose ParameterSource is not click.core's
+        where = ctx.get_parameter_source(name)
+        given = where is not None and where.name not in ("DEFAULT", "DEFAULT_MAP")
+        if given and source not in sources:
+            raise typer.BadParameter(why, param_hint=option)
 
 
 # ---- learning from traffic: score-source weights, off-policy evaluation (docs/learning-from-traffic.md)
@@ -425,29 +568,54 @@ def _ledger_rows(
 
     Every record is checked first (with ``replay``, its route record too), so a malformed one exits
     with 1 naming its line rather than as a traceback from deep in training or the replay. A line
-    that is not JSON at all is the one exception in the gateway's own file: a torn write, skipped with
-    a warning as the gateway skips it."""
+    that is not JSON at all is the one exception: a torn write, skipped with a warning as the gateway
+    skips it (gateway.ledger_export.located_jsonl_lines), unless the file is no JSON ledger at all.
+
+    The ledger may be larger than memory, so it is streamed twice, never held whole: the first pass
+    checks every record and notes the requests a counted source scored; the second keeps, of the
+    records the first checked, only what training and the replay read (`records` is compacted:
+    router.offline.ledger.compact_records)."""
+    from contextlib import closing
+    from itertools import islice
+
+    from redis.exceptions import RedisError  # REDIS_URL set, Redis down or refusing: one line, exit 1
+
     from gateway.ledger import record_problem, training_rows
     from gateway.ledger_export import located_file_records, located_ledger_records
+    from router.offline.ledger import compact_records, counted_score
     from router.routelog import route_problem
 
-    try:
+    def located(warn: bool):
         if ledger is not None:
-            located, source = list(located_file_records(ledger)), str(ledger)
-        else:
-            located = list(located_ledger_records(_data_dir(data_dir), _redis_url()))
-            source = "redis" if _redis_url() else str(_data_dir(data_dir) / "ledger.jsonl")
-    except (FileNotFoundError, ValueError) as exc:
+            return located_file_records(ledger, warn=warn)
+        return located_ledger_records(_data_dir(data_dir), _redis_url(), warn=warn)
+
+    def checked(located):
+        for where, record in located:
+            problem = record_problem(record)
+            if problem is None and replay and record["type"] == "request" and record.get("route"):
+                problem = route_problem(record["route"])
+            if problem is not None:
+                console.print(f"[red]{where}: {problem}[/]")
+                raise typer.Exit(1)
+            yield record
+
+    if ledger is not None:
+        source = str(ledger)
+    else:
+        source = "redis" if _redis_url() else str(_data_dir(data_dir) / "ledger.jsonl")
+    try:
+        total, scored = 0, set()
+        for record in checked(located(warn=True)):
+            total += 1
+            if (request_id := counted_score(record, weights)) is not None:
+                scored.add(request_id)
+        # the records appended since are not the ones checked: the second pass stops at `total`
+        with closing(located(warn=False)) as again:
+            records = compact_records(islice(checked(again), total), scored, weights)
+    except (FileNotFoundError, ValueError, RedisError) as exc:
         console.print(f"[red]{exc}[/]")
         raise typer.Exit(1) from None
-    for where, record in located:
-        problem = record_problem(record)
-        if problem is None and replay and record["type"] == "request" and record.get("route"):
-            problem = route_problem(record["route"])
-        if problem is not None:
-            console.print(f"[red]{where}: {problem}[/]")
-            raise typer.Exit(1)
-    records = [record for _, record in located]
     return records, training_rows(iter(records), weights), source
 
 
@@ -456,6 +624,7 @@ def _ledger_rows(
 
 @router_app.command("train")
 def router_train(
+    ctx: typer.Context,
     dataset: Annotated[str | None, typer.Option(help="a labelled dataset: routellm")] = None,
     data: Annotated[
         Path | None, typer.Option(help="dataset folder [default: ../shared/data/routellm]")
@@ -476,7 +645,10 @@ def router_train(
         ),
     ] = "fast",
     map_: Annotated[
-        list[str] | None, typer.Option("--map", help="DATASET_WORKER=CATALOG_WORKER, repeatable")
+        list[str] | None,
+        typer.Option(
+            "--map", help="DATASET_WORKER=CATALOG_WORKER, repeatable (--dataset, --format; not --from-ledger)"
+        ),
     ] = None,
     backend: Backend = "static",
     model: ModelKind = "auto",
@@ -484,7 +656,12 @@ def router_train(
     activate: Annotated[
         bool, typer.Option("--activate/--no-activate", help="put the new model in force")
     ] = True,
-    workers_file: Annotated[Path | None, typer.Option(help="worker catalog YAML (tiers for priors)")] = None,
+    workers_file: Annotated[
+        Path | None,
+        typer.Option(
+            help="worker catalog YAML (tiers for priors) [env POLYROUTE_WORKERS_FILE, default: embedded]"
+        ),
+    ] = None,
     router_dir: Annotated[Path | None, typer.Option(help="model store [default: <data dir>/router]")] = None,
     data_dir: DataDir = None,
     weight_calibration: WeightCalibration = 1.0,
@@ -498,8 +675,7 @@ def router_train(
     """
     import numpy as np
 
-    from policies import load_catalog
-    from router import save_artifact, train_artifact
+    from router import train_artifact
 
     if strategy not in ("fast", "cascade"):
         raise typer.BadParameter("use fast or cascade", param_hint="--strategy")
@@ -509,18 +685,23 @@ def router_train(
         )
         raise typer.Exit(2)
     _check_train_source(fmt, from_ledger, strategy)
-    if strategy == "cascade":
-        _train_cascade(
-            dataset, data, fmt, train_files or [], map_, backend, model, seed, activate, router_dir, data_dir
-        )
-        return
-    if fmt is not None:
+    _refuse_ignored_train_options(
+        ctx, "ledger" if from_ledger else "format" if fmt is not None else "dataset"
+    )
+    if strategy == "fast" and fmt is not None:
         console.print("[red]--format trains the cascade planner: add --strategy cascade[/]")
         raise typer.Exit(2)
     if dataset is not None and dataset != "routellm":
         console.print(f"[red]unknown dataset {dataset!r}[/] (known: routellm)")
         raise typer.Exit(2)
     renames = _renames(map_)
+    # Everything that does not need the data is checked before it is loaded and long before the fit.
+    catalog = _offline_catalog(workers_file, 2)
+    root = _router_dir(router_dir, data_dir)
+    _check_router_dir(root, activate)
+    if strategy == "cascade":
+        _train_cascade(data, fmt, train_files or [], renames, backend, model, seed, activate, root, catalog)
+        return
     output_tokens: dict[str, float] = {}
     if from_ledger:
         from collections import Counter
@@ -555,20 +736,21 @@ def router_train(
     else:
         from router.offline import load_routellm
 
-        root = _routellm_root(data)
+        data_root = _routellm_root(data)
         try:
-            ds = load_routellm(root, parts=("mmlu", "gsm8k"))
+            ds = load_routellm(data_root, parts=("mmlu", "gsm8k"))
         except (FileNotFoundError, ValueError) as exc:
             console.print(f"[red]{exc}[/]")
             raise typer.Exit(1) from None
         texts, turns, labels = ds.texts, ds.turns, ds.labels
-        workers = [renames.get(w, w) for w in ds.workers]
-        sources = {"dataset": "routellm", "path": str(root), "parts": ["mmlu", "gsm8k"], "renamed": renames}
-    try:
-        catalog = load_catalog(workers_file)
-        tiers = {w.name: w.tier.value for w in catalog.workers if w.name in workers}
-    except Exception:  # priors are optional; training must not depend on the catalog
-        tiers = {}
+        workers = _renamed(list(ds.workers), renames)
+        sources = {
+            "dataset": "routellm",
+            "path": str(data_root),
+            "parts": ["mmlu", "gsm8k"],
+            "renamed": renames,
+        }
+    tiers = {w.name: w.tier.value for w in catalog.workers if w.name in workers}
     console.print(
         f"training on {len(texts)} queries × {len(workers)} workers ({', '.join(workers)}), "
         f"backend {backend}, model {model}"
@@ -590,7 +772,7 @@ def router_train(
     except ValueError as exc:
         console.print(f"[red]{exc}[/]")
         raise typer.Exit(1) from None
-    directory = save_artifact(_router_dir(router_dir, data_dir), artifact, activate=activate)
+    directory = _save_version(root, artifact, activate)
     chosen = artifact.card.get("model")
     console.print(
         f"[green]saved[/] router {artifact.version} ({chosen}) in {directory}"
@@ -622,43 +804,40 @@ def _check_train_source(fmt: str | None, from_ledger: bool, strategy: str) -> No
 
 
 def _train_cascade(
-    dataset: str | None,
     data: Path | None,
     fmt: str | None,
     files: list[Path],
-    map_: list[str] | None,
+    renames: dict[str, str],
     backend: str,
     model: str,
     seed: int,
     activate: bool,
-    router_dir: Path | None,
-    data_dir: Path | None,
+    root: Path,
+    catalog,
 ) -> None:
-    """`router train --strategy cascade`: the prior and the planner, on files or GSM8K that record answers."""
+    """`router train --strategy cascade`: the prior and the planner, on files or GSM8K that record answers
+    (router_train has checked the options, the catalog and the router dir ``root``)."""
     import dataclasses
 
-    from router import save_artifact
     from router.offline import load_format
     from router.offline.pool_cascade import NoAnswers, train_cascade
     from router.offline.report import stage_printer
     from router.offline.routellm import gsm8k_dataset, load_gsm8k_answers
 
-    renames = _renames(map_)
     try:
         if fmt is not None:
             if not files:
                 raise typer.BadParameter("--format needs --train FILE", param_hint="--train")
             ds = load_format(fmt, files)
             sources = {"format": fmt, "files": [str(f) for f in files], "renamed": renames}
-        elif dataset == "routellm":
+        else:  # --dataset routellm (router_train refused any other)
             ds = gsm8k_dataset(load_gsm8k_answers(_routellm_root(data) / "gsm8k" / "gsm8k_responses.csv"))
             sources = {"dataset": "routellm/gsm8k", "renamed": renames}
-        else:
-            console.print(f"[red]unknown dataset {dataset!r}[/] (known: routellm)")
-            raise typer.Exit(2)
-        ds = dataclasses.replace(ds, workers=[renames.get(w, w) for w in ds.workers])
+        ds = dataclasses.replace(ds, workers=_renamed(list(ds.workers), renames))
+        tiers = {w.name: w.tier.value for w in catalog.workers if w.name in ds.workers}
         console.print(
-            f"training the planner and the plan table on {len(ds)} queries × {len(ds.workers)} workers"
+            f"training the planner and the plan table on {len(ds)} queries × {len(ds.workers)} workers "
+            f"({', '.join(ds.workers)}), backend {backend}"
         )
         say = stage_printer(console)
         artifact = train_cascade(
@@ -668,11 +847,13 @@ def _train_cascade(
             seed=seed,
             sources=sources,
             say=say,
+            tiers=tiers,
+            progress=True,
         )
     except (NoAnswers, ValueError, FileNotFoundError) as exc:
         console.print(f"[red]{exc}[/]")
         raise typer.Exit(1) from None
-    directory = save_artifact(_router_dir(router_dir, data_dir), artifact, activate=activate)
+    directory = _save_version(root, artifact, activate)
     console.print(
         f"[green]saved[/] router {artifact.version} (prior {artifact.card.get('model')} + "
         f"{artifact.card.get('cascade', {}).get('strategy', 'planner').replace('_', ' ')}) in "
@@ -685,16 +866,30 @@ def router_status(
     router_dir: Annotated[Path | None, typer.Option(help="model store [default: <data dir>/router]")] = None,
     data_dir: DataDir = None,
 ) -> None:
-    """The version in force, the previous one, and every version on disk with its card."""
-    from router import list_versions, read_pointer
+    """The version in force, the previous one, and every version on disk with its card.
+
+    A damaged current.json is reported (exit 1) after the versions are listed: they are what an
+    operator needs to repair it."""
+    from rich.markup import escape
+
+    from router import RouterLoadError, list_versions, read_pointer
 
     root = _router_dir(router_dir, data_dir)
-    pointer = read_pointer(root)
+    damaged = None
+    try:
+        pointer = read_pointer(root)
+        if not isinstance(pointer, dict):
+            raise RouterLoadError(f"{root / 'current.json'}: not a JSON object")
+    except (RouterLoadError, OSError) as exc:
+        pointer, damaged = {}, str(exc)
     out = Console()
-    out.print(
-        f"router dir {root}: in force [bold]{pointer.get('version') or 'none (rule-based router)'}[/], "
-        f"previous {pointer.get('previous') or '-'}"
-    )
+    if damaged is None:
+        out.print(
+            f"router dir {root}: in force [bold]{pointer.get('version') or 'none (rule-based router)'}[/], "
+            f"previous {pointer.get('previous') or '-'}"
+        )
+    else:
+        out.print(f"router dir {root}: in force [bold red]unknown[/] (current.json is damaged, see below)")
     table = Table("version", "model", "rows", "workers", "created")
     for card in list_versions(root):
         table.add_row(
@@ -705,6 +900,12 @@ def router_status(
             str(card.get("created_at", "?")),
         )
     out.print(table)
+    if damaged is not None:
+        console.print(
+            f"[red]{escape(damaged)}[/] (which version is in force cannot be read: repair that file, or "
+            "remove it and put a version above in force with `polyroute router activate VERSION`)"
+        )
+        raise typer.Exit(1)
 
 
 @router_app.command("rollback")
@@ -915,7 +1116,6 @@ def _router_eval_ledger(
     confidence: float,
 ) -> None:
     """`router eval --from-ledger --candidate VERSION`: IPS on logged traffic (router/offline/ledger.py)."""
-    from policies import CatalogError, load_catalog
     from router import LearnedRouter, RouterLoadError, feature_builder_for, load_version
     from router.offline.ledger import evaluate_candidate
 
@@ -929,12 +1129,15 @@ def _router_eval_ledger(
     _check_outputs(out, None)
     root = _router_dir(router_dir, data_dir)
     _check_version(root, candidate)
+    catalog = _offline_catalog(workers_file, 1)  # the gateway's (POLYROUTE_WORKERS_FILE), before the ledger
     _, rows, source = _ledger_rows(ledger, data_dir, weights, replay=True)  # a bad record: before the model
     try:
-        catalog = load_catalog(workers_file)
         artifact = load_version(root, candidate)
-        router = LearnedRouter(artifact, feature_builder_for(artifact.features))
-    except (CatalogError, RouterLoadError) as exc:
+        # as the gateway builds it, so an unseen worker's prior (profile_like) is the one it would use live
+        router = LearnedRouter(
+            artifact, feature_builder_for(artifact.features), catalog={w.name: w for w in catalog.workers}
+        )
+    except RouterLoadError as exc:
         console.print(f"[red]{exc}[/]")
         raise typer.Exit(1) from None
     try:
@@ -946,13 +1149,28 @@ def _router_eval_ledger(
     _print_ips_report(report)
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(report, indent=2) + "\n")
+        out.write_text(json.dumps(_strict_json(report), indent=2, allow_nan=False) + "\n")
         console.print(f"wrote {out}")
+
+
+def _strict_json(value):
+    """``value`` with every NaN or infinite float as None: the report marks "no estimate" with NaN
+    (no logged choice agrees with the candidate), which json.dumps would write as a bare NaN that
+    strict readers (RFC 8259: jq, JavaScript, Go) refuse."""
+    import math
+
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: _strict_json(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_strict_json(item) for item in value]
+    return value
 
 
 def _print_ips_report(report: dict) -> None:
     def cell(estimate: dict, digits: int) -> str:
-        if estimate["value"] != estimate["value"]:  # NaN: no logged choice agrees with the candidate
+        if estimate["value"] is None:  # no logged choice agrees with the candidate (evaluate_candidate)
             return "no estimate"
         value, low, high = (round(estimate[k], digits) for k in ("value", "low", "high"))
         return f"{value} [{low}, {high}]"

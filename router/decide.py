@@ -6,7 +6,8 @@ the most expensive worker win only if it is predicted a full 1.0 (0 → 1) bette
 A target (`min_quality`) instead picks the cheapest worker predicted to reach it, or the best
 predicted worker when none does. Ties go to the cheaper worker, then fewer active parameters,
 then the name, so the decision is deterministic. Workers the model has never seen get a prior
-(their tier's mean, else the worst known worker's prediction) and are named as such in the reason.
+(router/learned.py) and are named as such in the reason. The policy's preference for fewer active
+parameters blends them into the price term, as the rule-based router ranks.
 """
 
 from __future__ import annotations

@@ -659,7 +659,9 @@ class EnsembleQuality(_QualityModel):
         self.members = tuple(members)
         self.random_state = random_state
 
-    def fit(self, X: Any, Y: Any) -> EnsembleQuality:
+    def fit(self, X: Any, Y: Any, on_fit: Callable[[], None] | None = None) -> EnsembleQuality:
+        """Fit every member on all rows; ``on_fit`` is called after each member, for a progress bar
+        (a local callback, never stored, so it is not pickled with the model)."""
         if not self.members:
             raise ValueError("an ensemble needs at least one member")
         X, Y = self._start_fit(X, Y)
@@ -674,6 +676,8 @@ class EnsembleQuality(_QualityModel):
                 else:
                     raise ValueError(f"{name} has no parameter {key!r}")
             self.models_.append(model.fit(X, Y))
+            if on_fit is not None:
+                on_fit()
         return self
 
     def predict(self, X: Any) -> np.ndarray:
@@ -773,7 +777,8 @@ def select_quality_model(
     ``{"chosen", "scores": {name: score_predictions(...) + fit_seconds}, "baseline", "validation",
     "n_train" and "n_val" or "n_rows" and "folds", ...}``, is JSON-ready; ``baseline`` scores a constant predictor (each worker's
     training mean rate), which tells whether learning from the query helps at all. ``progress`` hears
-    (stage, fits done, fits planned) after each estimator fit of the per-worker classifiers.
+    (stage, fits done, fits planned) after each estimator fit of the per-worker classifiers, and after
+    each whole model fit of the others (mf, kNN).
     """
     names = [candidates] if isinstance(candidates, str) else list(candidates)
     if not names:
@@ -793,8 +798,13 @@ def select_quality_model(
             f"{X.shape[0]} rows leave no labelled validation rows at val_fraction={val_fraction}"
         )
 
+    # One tick per model fit (an mf or kNN fit has no inner estimators to count); each stage is
+    # announced at 0 so a bar shows it, and its elapsed time, while its first fit runs.
+    stage = f"scoring {', '.join(names)} on a {val_fraction:g} holdout"
+    if progress is not None:
+        progress(stage, 0, len(names))
     scores: dict[str, dict] = {}
-    for name in names:
+    for done, name in enumerate(names, 1):
         started = time.perf_counter()
         model = make_quality_model(name, random_state).fit(X[train], Y[train])
         fit_seconds = time.perf_counter() - started
@@ -802,10 +812,16 @@ def select_quality_model(
             **score_predictions(model.predict(X[val]), Y[val]),
             "fit_seconds": round(fit_seconds, 3),
         }
+        if progress is not None:
+            progress(stage, done, len(names))
     chosen = min(names, key=lambda n: scores[n]["brier"])
     base_rates = np.nanmean(Y[train], axis=0)
     baseline = score_predictions(np.tile(base_rates, (val.size, 1)), Y[val])
+    if progress is not None:
+        progress(f"fitting {chosen} on all rows", 0, 1)
     model = make_quality_model(chosen, random_state).fit(X, Y)
+    if progress is not None:
+        progress(f"fitting {chosen} on all rows", 1, 1)
     report = {
         "chosen": chosen,
         "scores": scores,

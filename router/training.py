@@ -73,7 +73,19 @@ def fit_quality(
     if model == "ensemble":  # no candidates to choose between: fit the members on all rows
         from router.quality import EnsembleQuality
 
-        fitted = EnsembleQuality(random_state=random_state).fit(X, labels)
+        ensemble = EnsembleQuality(random_state=random_state)
+        stage = f"fitting the ensemble ({', '.join(name for name, _ in ensemble.members)}) on all rows"
+        total, done = len(ensemble.members), 0
+
+        def member_done() -> None:
+            nonlocal done
+            done += 1
+            if progress is not None:
+                progress(stage, done, total)
+
+        if progress is not None:
+            progress(stage, 0, total)  # the bar (and its clock) from the start of the first member
+        fitted = ensemble.fit(X, labels, on_fit=member_done)
         return fitted, {"chosen": "ensemble", "members": [list(m) for m in fitted.members]}
     candidates = AUTO_CANDIDATES if model == "auto" else (model,)
     return select_quality_model(
@@ -133,6 +145,16 @@ def train_artifact(
     labels = np.asarray(labels, dtype=float)
     if labels.shape != (len(texts), len(workers)):
         raise ValueError(f"labels must be {len(texts)} × {len(workers)}, got {labels.shape}")
+    # Checked here, where the workers have names: the quality models see only column numbers.
+    repeated = sorted({w for w in workers if list(workers).count(w) > 1})
+    if repeated:
+        raise ValueError(f"worker(s) {repeated} name more than one label column: each worker needs its own")
+    unlabelled = [w for i, w in enumerate(workers) if labels.size and np.isnan(labels[:, i]).all()]
+    if unlabelled:
+        raise ValueError(
+            f"no labels for worker(s) {unlabelled}: every score of theirs is missing in the training data "
+            "(drop them from the data, or give them scores)"
+        )
     started = time.time()
     builder = feature_builder(backend)
     X = builder.transform(list(texts), list(turns), progress=progress)

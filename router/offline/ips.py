@@ -105,7 +105,11 @@ def _interval(value: float, stderr: float, n: int, confidence: float) -> OffPoli
 
 
 def ips(rewards, target_probs, logging_probs, confidence: float = 0.95) -> OffPolicyEstimate:
-    """Inverse propensity scoring: mean of w_i r_i, with the sample standard error of that mean."""
+    """Inverse propensity scoring: mean of w_i r_i, with the sample standard error of that mean.
+
+    When no weight is positive (no logged action is one the candidate takes) this is 0 ± 0: the
+    unbiased estimator's value, but no evidence about the candidate. Check the weights before
+    reporting it (router/offline/ledger.py reports "no estimate", as SNIPS's NaN says here)."""
     r, w = _checked(rewards, target_probs, logging_probs)
     terms = w * r
     return _interval(float(terms.mean()), float(terms.std(ddof=1) / np.sqrt(r.size)), r.size, confidence)

@@ -11,21 +11,81 @@ no per-cell weights.
 Evaluation: the routed requests among those rows (their `route` record, router/routelog.py) are
 replayed through a candidate router, and its value estimated by inverse propensity scoring
 (router/offline/ips.py) — before it is ever put in force.
+
+Reading: a ledger can be far larger than memory allows (every request's query and route record), and
+only the scored requests make rows. So a reader goes over it twice, streaming: once to check every
+record and note which requests a counted source scored (:func:`counted_score`), once more to keep
+only what training and the replay read (:func:`compact_records`).
 """
 
 from __future__ import annotations
 
+import math
 from collections import Counter
+from collections.abc import Container, Iterable, Mapping
 from typing import Any
 
 import numpy as np
 
 from router.offline.dataset import RoutingDataset
-from router.offline.ips import effective_sample_size, importance_weights, ips, on_policy, snips
+from router.offline.ips import (
+    OffPolicyEstimate,
+    effective_sample_size,
+    importance_weights,
+    ips,
+    on_policy,
+    snips,
+)
 from router.routelog import logging_propensity, replay_request
 
 NOT_ROUTED = "not chosen by the router (pinned, cached, composed, or logged before propensities)"
 LEFT_CATALOG = "a worker of its pool is not in the catalog any more"
+
+
+# What gateway.ledger.training_rows and `router train`'s output-token medians read of a record.
+ROW_FIELDS = ("type", "id", "query", "turns", "worker", "route", "cost_micros", "status", "completion_tokens")
+SCORE_FIELDS = ("type", "request_id", "score", "source")
+
+
+def counted_score(record: dict, weights: Mapping[str, float]) -> str | None:
+    """The request a feedback record scores when its source counts (weight > 0), else None: the
+    rule of gateway.ledger.training_rows, which makes a row only of a request with a counted score."""
+    if record.get("type") != "feedback" or weights.get(record.get("source") or "user", 0.0) <= 0:
+        return None
+    return record["request_id"]
+
+
+def compact_records(
+    records: Iterable[dict], scored: Container[str], weights: Mapping[str, float]
+) -> list[dict]:
+    """Checked ledger records reduced to what `router train` and `router eval --from-ledger` read.
+
+    Kept: each feedback of a counted source (its score fields), each request in `scored` with a
+    stored query and a worker (the fields of a training row and its replay), and of any other
+    request only its worker, status and output tokens, which `router train` takes a median of per
+    worker — one shared dict per distinct (worker, tokens), so the many unscored requests cost a
+    list slot each instead of their query and route record. The dicts are read-only. Order is kept,
+    so training_rows still lets the last duplicate of a request or a source's score win.
+    """
+    kept: list[dict] = []
+    tokens: dict[tuple[str, Any], dict] = {}
+    for record in records:
+        if record["type"] == "feedback":
+            if counted_score(record, weights) is not None:
+                kept.append({name: record[name] for name in SCORE_FIELDS if name in record})
+        elif record["id"] in scored and record.get("query") and record.get("worker"):
+            kept.append({name: record[name] for name in ROW_FIELDS if name in record})
+        elif (
+            isinstance(worker := record.get("worker"), str)
+            and record.get("status") == 200
+            and (count := record.get("completion_tokens")) is not None
+        ):
+            shared = tokens.setdefault(
+                (worker, count),
+                {"type": "request", "worker": worker, "status": 200, "completion_tokens": count},
+            )
+            kept.append(shared)
+    return kept
 
 
 def ledger_dataset(rows: list[dict]) -> RoutingDataset:
@@ -60,6 +120,17 @@ def ledger_dataset(rows: list[dict]) -> RoutingDataset:
         groups=["ledger"] * len(texts),
         turns=turns,
     )
+
+
+def _reported(estimate: OffPolicyEstimate, overlap: bool) -> dict:
+    """An estimate as the report gives it; value, bounds and standard error None ("no estimate", null
+    in JSON) when the log says nothing about the candidate. That is so when no logged choice is the
+    candidate's: IPS is then 0 ± 0 — the mean of zero weights, a certain-looking number about a policy
+    the log never saw — and SNIPS is NaN, which the JSON report could not even hold (RFC 8259)."""
+    reported = estimate.as_dict()
+    if not overlap or math.isnan(estimate.value):
+        reported.update(value=None, low=None, high=None, stderr=None)
+    return reported
 
 
 def evaluate_candidate(router: Any, rows: list[dict], catalog: Any, confidence: float = 0.95) -> dict:
@@ -102,12 +173,13 @@ def evaluate_candidate(router: Any, rows: list[dict], catalog: Any, confidence: 
             f"at least 2 are needed. Skipped: {dict(skipped) or 'none'}"
         )
     weights = importance_weights(agrees, logged)
+    overlap = bool(np.any(weights > 0))
 
     def estimates(values: list[float]) -> dict:
         return {
-            "snips": snips(values, agrees, logged, confidence).as_dict(),
-            "ips": ips(values, agrees, logged, confidence).as_dict(),
-            "logging_policy": on_policy(values, confidence).as_dict(),
+            "snips": _reported(snips(values, agrees, logged, confidence), overlap),
+            "ips": _reported(ips(values, agrees, logged, confidence), overlap),
+            "logging_policy": _reported(on_policy(values, confidence), True),
         }
 
     return {

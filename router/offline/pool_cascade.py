@@ -369,9 +369,14 @@ def train_cascade(
     seed: int = 0,
     sources: dict[str, Any] | None = None,
     say: Callable[[str], None] | None = None,
+    tiers: dict[str, str] | None = None,
+    progress: bool = False,
 ):
     """A router artifact whose ``cascade`` is a planner fitted on every row of ``ds`` (which must carry
-    the workers' answers); its query-only model is the planner's prior and the fast router's model."""
+    the workers' answers); its query-only model is the planner's prior and the fast router's model.
+
+    ``tiers`` (catalog worker -> tier) gives the artifact its per-tier priors, as `router train
+    --strategy fast` does; ``progress`` shows the embedding and fitting bars of the query-only model."""
     from router.training import feature_builder, fit_quality, train_artifact
 
     if ds.responses is None:
@@ -385,15 +390,24 @@ def train_cascade(
         ds.workers,
         backend=backend,
         model=model,
+        tiers=tiers,
         sources=sources,
+        progress=progress,
         random_state=seed,
     )
     X = feature_builder(backend).transform(ds.texts, ds.turns)
     chosen = artifact.card.get("model", model)
     say(f"cross-fitting the prior ({FOLDS} folds)")
-    prior = cross_fit(
-        len(ds), FOLDS, seed + 5, lambda a, b: fit_quality(X[a], ds.labels[a], chosen, seed)[0].predict(X[b])
-    )
+    folds_done = 0
+
+    def prior_fold(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        nonlocal folds_done
+        predicted = fit_quality(X[a], ds.labels[a], chosen, seed)[0].predict(X[b])
+        folds_done += 1
+        say(f"prior, fold {folds_done}/{FOLDS}")  # each fold refits the prior: the slow part on big data
+        return predicted
+
+    prior = cross_fit(len(ds), FOLDS, seed + 5, prior_fold)
     say("running code answers (behaviour keys)")
     book = AnswerBook(ds.texts, ds.responses, code_runs_for(ds.texts, ds.responses))
     rec = Recorded.from_priors(book, prior, ds.labels)

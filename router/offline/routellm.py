@@ -441,12 +441,15 @@ def load_gsm8k_answers(path: str | Path = GSM8K_FILE) -> dict[str, Any]:
 
 def gsm8k_dataset(data: dict[str, Any]) -> RoutingDataset:
     """:func:`load_gsm8k_answers`'s rows as a two-worker dataset (Mixtral, GPT-4) with both answers, for
-    the planner: training it (`router train --strategy cascade --dataset routellm`) and replaying it."""
+    the planner: training it (`router train --strategy cascade --dataset routellm`) and replaying it.
+
+    The workers carry the short names of :data:`WORKER_ALIASES`, as :func:`load_routellm` gives them,
+    so one `--map mixtral-8x7b=...` renames the same worker whichever strategy is trained."""
     n = len(data["prompts"])
     return RoutingDataset(
         name="gsm8k",
         texts=list(data["prompts"]),
-        workers=[WEAK, STRONG],
+        workers=[WORKER_ALIASES[WEAK], WORKER_ALIASES[STRONG]],
         labels=np.column_stack([data["y_weak"], data["y_strong"]]),
         groups=["gsm8k"] * n,
         turns=[1] * n,
