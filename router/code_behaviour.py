@@ -6,9 +6,10 @@ main function is run on the same inputs, harvested from the calls the prompt's a
 own examples and tests make, and answers whose outputs are identical share a key. The prompt's own
 asserts (MBPP's "Your code should pass these tests") are run too: a pass share per answer.
 
-The sandbox: one child interpreter for all answers (`python -I -S -B`: stdlib only, no site, no user
-paths, no inherited environment: PATH and PYTHONHASHSEED=0 only, so set reprs are reproducible) in a
-fresh temporary directory; limits on memory (1 GiB address space), CPU, open files, file size and
+The sandbox: one child interpreter for all answers (`python -P -s -S -B`: stdlib only, no site, no user
+paths, no current directory on sys.path, no inherited environment: PATH and PYTHONHASHSEED=0 only, so
+set reprs are reproducible from run to run — `-I` would ignore PYTHONHASHSEED) in a fresh temporary
+directory; limits on memory (1 GiB address space), CPU, open files, file size and
 processes (the last is ignored when running as root), set by the child itself before any answer runs
 (a `preexec_fn` is unsafe in a threaded parent such as the gateway); a timer per top-level statement
 and per call (an answer that timed out twice is not called again); the whole process group is killed
@@ -17,6 +18,10 @@ to a private copy of stdout, so nothing an answer writes can corrupt it. Whateve
 does (syntax errors, loops, `sys.exit()`, recursion or memory bombs) ends as its own "!Exc" outputs;
 if the child dies as a whole (say `os._exit`, a segfault), every answer gets None and callers fall back
 to `code_key`.
+
+Offline (router/offline/code_runs.py) each answer is instead run alone by `run_outcomes`, every call
+made and the calls made twice in opposite orders; :meth:`Outcomes.behaviour` then applies the give-up
+rule to any subset of the inputs, so a replay needs no child per plan state.
 
 What it does NOT guarantee: this is not a security boundary against a malicious answer. The network and
 the filesystem are reachable, answers share one interpreter and may tamper with each other. The gateway
@@ -45,6 +50,7 @@ from typing import Any
 from router.answers import code_key, python_source
 
 MAX_ARG_CHARS = 2000
+GIVE_UP_AFTER = 2  # an answer that timed out this often is not called again (the rest count as timeouts)
 _ENV = {"PATH": "/usr/bin:/bin", "PYTHONHASHSEED": "0"}
 _FENCE = re.compile(r"```[ \t]*(?:python|py|python3)?[ \t]*\r?\n(.*?)```", re.DOTALL | re.IGNORECASE)
 _TESTS = re.compile(r"\[TESTS\](.*?)(?:\[/TESTS\]|$)", re.DOTALL)
@@ -58,6 +64,42 @@ class Behaviour:
 
     outputs: tuple[str, ...]
     assert_pass: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class Outcomes:
+    """One answer run alone on `inputs` and the prompt's asserts with every call made (no give-up
+    rule), and found to give the same results whichever order the calls came in. That makes each
+    (input, result) pair a fact about the answer alone, so :meth:`behaviour` can tell what the live
+    child reports for it on any list of these inputs: the offline replay's table (router/offline/code_runs.py)."""
+
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]  # per input, as in Behaviour
+    timed_out: tuple[bool, ...]  # per input: the call hit the per-call timer
+    asserts: tuple[str, ...]  # per prompt assert, in order: "pass", "fail" or "timeout"
+
+    def behaviour(self, inputs: Sequence[str]) -> Behaviour | None:
+        """The answer's Behaviour in a live run on `inputs` (in that order) and the same asserts: the
+        child's give-up rule applied to this list, exactly as the child applies it. None when an input
+        is not in the table."""
+        at = {inp: n for n, inp in enumerate(self.inputs)}
+        if any(inp not in at for inp in inputs):
+            return None
+        outputs: list[str] = []
+        timeouts = 0
+        for inp in inputs:
+            if timeouts >= GIVE_UP_AFTER:
+                outputs.append("!Timeout")
+            else:
+                outputs.append(self.outputs[at[inp]])
+                timeouts += self.timed_out[at[inp]]
+        passed = 0
+        for verdict in self.asserts:
+            if timeouts >= GIVE_UP_AFTER:
+                break
+            passed += verdict == "pass"
+            timeouts += verdict == "timeout"
+        return Behaviour(tuple(outputs), passed / len(self.asserts) if self.asserts else None)
 
 
 # ---- harvesting ------------------------------------------------------------------------------------
@@ -198,7 +240,7 @@ def guarded(fn, seconds):
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
 
-def run(source, main, inputs, asserts, per_call):
+def run(source, main, inputs, asserts, per_call, give_up):
     signal.signal(signal.SIGALRM, alarm)  # undo what an earlier answer may have changed
     sys.setrecursionlimit(1000)
     sys.stdout = sys.stderr = Sink()
@@ -211,26 +253,37 @@ def run(source, main, inputs, asserts, per_call):
             failure = failure or type(exc).__name__
     fn = ns.get(main) if main else None
     if not callable(fn):
-        return {"outputs": ["!exec:" + (failure or "NoFunction")] * len(inputs), "passed": 0}
-    outputs, timeouts, passed = [], 0, 0
+        return {"outputs": ["!exec:" + (failure or "NoFunction")] * len(inputs), "passed": 0,
+                "timed_out": [False] * len(inputs), "asserts": ["fail"] * len(asserts)}
+    outputs, timed_out, verdicts, timeouts, passed = [], [], [], 0, 0
     for args in inputs:
         try:
-            if timeouts >= 2:  # a looping answer is not given every call's time
+            if give_up is not None and timeouts >= give_up:  # a looping answer is not given every call's time
                 raise Timeout
             outputs.append(guarded(lambda: repr(fn(*copy.deepcopy(args)))[:300], per_call))
+            timed_out.append(False)
         except BaseException as exc:
             timeouts += isinstance(exc, Timeout)
             outputs.append("!" + type(exc).__name__)
+            timed_out.append(isinstance(exc, Timeout))
     for name, code in asserts:
         try:
-            if timeouts >= 2:
+            if give_up is not None and timeouts >= give_up:
                 raise Timeout
             ns[name or "_"] = fn
             guarded(functools.partial(exec, code, ns), per_call)  # compiled here: a bad one just fails
             passed += 1
+            verdicts.append("pass")
         except BaseException as exc:
             timeouts += isinstance(exc, Timeout)
-    return {"outputs": outputs, "passed": passed}
+            verdicts.append("timeout" if isinstance(exc, Timeout) else "fail")
+    return {"outputs": outputs, "passed": passed, "timed_out": timed_out, "asserts": verdicts}
+
+def run_both(source, main, inputs, asserts, per_call, give_up, reverse):
+    result = run(source, main, inputs, asserts, per_call, give_up)
+    if reverse:  # again in a fresh namespace, the calls in the opposite order
+        result["reverse"] = run(source, main, inputs[::-1], asserts[::-1], per_call, give_up)
+    return result
 
 job = json.loads(sys.stdin.buffer.read())
 result_fd = os.dup(1)  # non-inheritable: nothing an answer spawns can write to it
@@ -245,7 +298,8 @@ for name, soft, hard in [("AS", 1 << 30, 1 << 30), ("CPU", job["cpu_s"], job["cp
 inputs, results = [ast.literal_eval(i) for i in job["inputs"]], []
 for source, main in zip(job["sources"], job["mains"]):
     try:
-        results.append(None if source is None else run(source, main, inputs, job["asserts"], job["per_call_s"]))
+        results.append(None if source is None else run_both(source, main, inputs, job["asserts"], job["per_call_s"],
+                                                            job["give_up"], job["reverse"]))
     except BaseException:
         results.append(None)
 with open(result_fd, "w", encoding="utf-8") as out:
@@ -255,7 +309,8 @@ try:
 finally:
     os._exit(0)  # no atexit handler or thread an answer left behind runs
 """
-_COMMAND = (sys.executable, "-I", "-S", "-B", "-c", _CHILD)
+# -I without -E: the environment is ours (_ENV), and PYTHONHASHSEED in it must be honoured.
+_COMMAND = (sys.executable, "-P", "-s", "-S", "-B", "-c", _CHILD)
 # Its own session (killpg ends what it spawned too), no inherited environment, stderr discarded.
 _SPAWN: dict[str, Any] = {
     "stdin": subprocess.PIPE,
@@ -272,8 +327,13 @@ def _job(
     asserts: Sequence[str],
     timeout_s: float,
     per_call_s: float,
+    *,
+    give_up: int | None = GIVE_UP_AFTER,
+    reverse: bool = False,
 ) -> bytes | None:
-    """The child's stdin; None when there is nothing to run (no Python, or neither inputs nor asserts)."""
+    """The child's stdin; None when there is nothing to run (no Python, or neither inputs nor asserts).
+    `give_up`: timeouts after which an answer is not called again (None: every call is made);
+    `reverse`: run each answer a second time, fresh, with the calls in the opposite order."""
     if all(s is None for s in sources) or not (inputs or asserts):
         return None
     targets = [n for a in asserts if (n := _called_name(a))]
@@ -285,6 +345,8 @@ def _job(
             "asserts": [[_called_name(a), a] for a in asserts],
             "per_call_s": per_call_s,
             "cpu_s": int(timeout_s) + 1,
+            "give_up": give_up,
+            "reverse": reverse,
         }
     ).encode()
 
@@ -312,6 +374,25 @@ def _kill(pid: int) -> None:
         os.killpg(pid, signal.SIGKILL)  # the child leads its own process group
 
 
+def _communicate(job: bytes, timeout_s: float) -> bytes | None:
+    """The child's stdout for `job`; None if it could not start or did not finish within `timeout_s`."""
+    with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as cwd:
+        try:
+            proc = subprocess.Popen(_COMMAND, cwd=cwd, **_SPAWN)
+        except OSError:
+            return None
+        stdout: bytes | None = None
+        try:
+            stdout, _ = proc.communicate(job, timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            stdout = None
+        finally:
+            if proc.poll() is None:  # timed out or interrupted: the child must not outlive the call
+                _kill(proc.pid)
+                proc.communicate()
+    return stdout
+
+
 def run_behaviour(
     sources: Sequence[str | None],
     inputs: Sequence[str],
@@ -326,21 +407,44 @@ def run_behaviour(
     job = _job(sources, inputs, asserts, timeout_s, per_call_s)
     if job is None:
         return [None] * len(sources)
-    with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as cwd:
-        try:
-            proc = subprocess.Popen(_COMMAND, cwd=cwd, **_SPAWN)
-        except OSError:
-            return [None] * len(sources)
-        stdout: bytes | None = None
-        try:
-            stdout, _ = proc.communicate(job, timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            stdout = None
-        finally:
-            if proc.poll() is None:  # timed out or interrupted: the child must not outlive the call
-                _kill(proc.pid)
-                proc.communicate()
-    return _parse(stdout, sources, inputs, asserts)
+    return _parse(_communicate(job, timeout_s), sources, inputs, asserts)
+
+
+def run_outcomes(
+    source: str,
+    inputs: Sequence[str],
+    asserts: Sequence[str] = (),
+    *,
+    per_call_s: float = 0.5,
+    timeout_s: float | None = None,
+) -> Outcomes | None:
+    """`source` alone in its own sandboxed child on every input and assert, none skipped after
+    timeouts, then again in a fresh namespace with the calls reversed. None when that cannot stand
+    for the answer's behaviour on a subset of the inputs: the child died or ran out of time (say an
+    `os._exit` on one input), or the two orders disagree (it keeps state between calls, or is random).
+    The default `timeout_s` gives every statement and call of both passes its timer and 10 s more."""
+    if timeout_s is None:
+        timeout_s = 10.0 + 2 * per_call_s * (len(_statements(source)) + len(inputs) + len(asserts))
+    job = _job([source], inputs, asserts, timeout_s, per_call_s, give_up=None, reverse=True)
+    if job is None:  # neither inputs nor asserts: nothing to observe
+        return Outcomes(tuple(inputs), (), (), ())
+    try:
+        (result,) = json.loads(_communicate(job, timeout_s) or b"")["results"]
+        forward, backward = result, result["reverse"]
+        outputs = tuple(str(o) for o in forward["outputs"])
+        timed_out = tuple(bool(t) for t in forward["timed_out"])
+        verdicts = tuple(str(v) for v in forward["asserts"])
+        if not (len(outputs) == len(timed_out) == len(inputs) and len(verdicts) == len(asserts)):
+            return None
+        if (
+            tuple(str(o) for o in backward["outputs"])[::-1] != outputs
+            or tuple(bool(t) for t in backward["timed_out"])[::-1] != timed_out
+            or tuple(str(v) for v in backward["asserts"])[::-1] != verdicts
+        ):
+            return None
+    except Exception:  # missing or malformed: the child died
+        return None
+    return Outcomes(tuple(inputs), outputs, timed_out, verdicts)
 
 
 async def run_behaviour_async(

@@ -5,8 +5,9 @@ routes N workers replays here with N = 2: Mixtral answers first, and the planner
 also asking GPT-4 decides the escalation. The planner escalates when gain > λ·price (GPT-4's price is
 the pool's highest, so 1), so sweeping λ is sweeping a threshold on the gain, and the curve is
 summarised by RouteLLM's APGR over the share of queries escalated; an escalation pays for both
-answers. Everything is cross-fitted (k folds: each query is planned by models — prior, post-hoc
-estimator, gain — that never saw it), so every one of the 1,319 questions is a held-out point.
+answers. Everything is cross-fitted on one fold assignment (k folds: each query is planned by
+models — prior, post-hoc estimator, gain — fitted on the other folds only; router/offline/planner_fit.py
+says what plain stacking leaves), so every one of the 1,319 questions is a held-out point.
 
 The gain comes in two forms (router/offline/planner_fit.py, ``FittedPlanners.myopic``): from the
 gain model (``planner``), or myopic, GPT-4's prior over the post-hoc estimate of Mixtral's answer
@@ -33,7 +34,7 @@ import numpy as np
 from router.compose.acceptance import AcceptanceModel
 from router.offline.book import AnswerBook
 from router.offline.metrics import baselines, evaluate_router
-from router.offline.planner_fit import FittedPlanners, Recorded, fit_planner
+from router.offline.planner_fit import FittedPlanners, Recorded, cross_fit_on, fit_planner, fold_assignment
 from router.offline.routellm import (
     GSM8K_FILE,
     PRICES_PER_M,
@@ -43,14 +44,16 @@ from router.offline.routellm import (
     gsm8k_dataset,
     load_gsm8k_answers,
 )
-from router.offline.split import cross_fit
 
 # The rows that learn something, in the order the table prints them (the oracles and baselines follow).
 LEARNED = ("cascade", "planner", "myopic_planner", "posthoc_threshold", "acceptance_model", "fast_router")
 
 
-def cross_fitted_acceptance(data: dict[str, Any], k: int = 5, seed: int = 0) -> np.ndarray:
-    """P(Mixtral's answer is right) for every query, each from a model trained on the other folds."""
+def cross_fitted_acceptance(
+    data: dict[str, Any], k: int = 5, seed: int = 0, fold_of: np.ndarray | None = None
+) -> np.ndarray:
+    """P(Mixtral's answer is right) for every query, each from a model trained on the other folds
+    (``fold_of``, default ``fold_assignment(n, k, seed)``)."""
     prompts, answers = data["prompts"], data["weak_answers"]
 
     def fit_score(train: np.ndarray, fold: np.ndarray) -> np.ndarray:
@@ -59,12 +62,18 @@ def cross_fitted_acceptance(data: dict[str, Any], k: int = 5, seed: int = 0) -> 
         )
         return model.predict_proba([prompts[i] for i in fold], [answers[i] for i in fold])
 
-    return cross_fit(len(prompts), k, seed, fit_score)
+    return cross_fit_on(fold_assignment(len(prompts), k, seed) if fold_of is None else fold_of, fit_score)
 
 
-def cross_fitted_fast(data: dict[str, Any], k: int = 5, seed: int = 0, backend: str = "static") -> np.ndarray:
+def cross_fitted_fast(
+    data: dict[str, Any],
+    k: int = 5,
+    seed: int = 0,
+    backend: str = "static",
+    fold_of: np.ndarray | None = None,
+) -> np.ndarray:
     """P(each model right | query alone), [n, 2] (Mixtral, GPT-4), from the fast router's quality model,
-    cross-fitted the same way."""
+    cross-fitted the same way: the planner's priors, so on the planner's folds (``fold_of``)."""
     from router.training import feature_builder, fit_quality
 
     n = len(data["prompts"])
@@ -75,7 +84,7 @@ def cross_fitted_fast(data: dict[str, Any], k: int = 5, seed: int = 0, backend: 
         fitted, _ = fit_quality(X[train], labels[train], "logreg", seed)
         return np.asarray(fitted.predict(X[fold]))
 
-    return cross_fit(n, k, seed, fit_score)
+    return cross_fit_on(fold_assignment(n, k, seed) if fold_of is None else fold_of, fit_score)
 
 
 def _compact(result: dict) -> dict:
@@ -94,10 +103,11 @@ def evaluate_gsm8k_cascade(
     """The GSM8K cascade replay next to the fast router and the baselines; the report (plain JSON types)."""
     data = load_gsm8k_answers(path)
     yw, ys, cw, cs = data["y_weak"], data["y_strong"], data["cost_weak"], data["cost_strong"]
-    accept = cross_fitted_acceptance(data, k, seed)
-    priors = cross_fitted_fast(data, k, seed)
+    fold_of = fold_assignment(len(yw), k, seed)  # one assignment for every model below
+    accept = cross_fitted_acceptance(data, k, seed, fold_of)
+    priors = cross_fitted_fast(data, k, seed, fold_of=fold_of)
     fast = priors[:, 0]
-    escalation, policies = planner_escalation(data, priors, k, seed)
+    escalation, policies = planner_escalation(data, priors, k, seed, fold_of)
     posthoc = escalation["posthoc"]
     from sklearn.metrics import roc_auc_score
 
@@ -166,21 +176,30 @@ def _apgr(score: np.ndarray, data: dict[str, Any], rows: np.ndarray) -> float:
 
 
 def planner_escalation(
-    data: dict[str, Any], priors: np.ndarray, k: int = 5, seed: int = 0
+    data: dict[str, Any],
+    priors: np.ndarray,
+    k: int = 5,
+    seed: int = 0,
+    fold_of: np.ndarray | None = None,
 ) -> tuple[dict[str, np.ndarray], list[str]]:
     """Per query, cross-fitted: the escalation scores of :func:`_escalation`, plus ``cascade``: the
     planner (with or without its gain model) that a router trained on the other folds would use.
+    ``fold_of`` is the fold assignment the ``priors`` were cross-fitted on (default
+    ``fold_assignment(n, k, seed)``); the planners use it too.
 
-    That choice is nested, so no query's label picks the policy that plans it: for each fold, the
-    planner is refitted on the other folds alone and cross-fitted there, and the policy with the
-    higher APGR on those folds plans this one (as ``router train --strategy cascade`` chooses on the
-    training files). The query-only priors are cross-fitted over the whole file; on GSM8K they know
-    next to nothing (the fast router's AUC is about 0.5). Returns the scores and the policy per fold."""
+    That choice is nested: for each fold, the planner is refitted on the other folds alone and
+    cross-fitted there (on those same folds), and the policy with the higher APGR on them plans this
+    one (as ``router train --strategy cascade`` chooses on the training files). No planner whose
+    replay picks a fold's policy was fitted on that fold's labels; the query-only priors of the
+    other folds' rows were (they are cross-fitted over the whole file), but on GSM8K they know next
+    to nothing (the fast router's AUC is about 0.5). Returns the scores and the policy per fold."""
+    if k < 3:
+        raise ValueError(f"the nested choice cross-fits on k - 1 folds: k must be at least 3, not {k}")
     ds = gsm8k_dataset(data)
     assert ds.responses is not None
     book = AnswerBook(ds.texts, ds.responses)
     rec = Recorded.from_priors(book, priors, ds.labels)
-    planners = fit_planner(rec, k=k, seed=seed)
+    planners = fit_planner(rec, k=k, seed=seed, fold_of=fold_of)
     scores = _escalation(planners, book, rec.log_odds)
     cascade, chosen = np.empty(len(book)), []
     for f in range(k):
@@ -190,7 +209,9 @@ def planner_escalation(
         assert sub.responses is not None
         sub_book = AnswerBook(sub.texts, sub.responses)
         sub_rec = Recorded(sub_book, rec.log_odds[inner], rec.labels[inner])
-        inner_scores = _escalation(fit_planner(sub_rec, k=k, seed=seed), sub_book, sub_rec.log_odds)
+        inner_folds = planners.fold_of[inner] - (planners.fold_of[inner] > f)  # the other k - 1 folds
+        inner_planners = fit_planner(sub_rec, k=k - 1, seed=seed, fold_of=inner_folds)
+        inner_scores = _escalation(inner_planners, sub_book, sub_rec.log_odds)
         apgr = {name: _apgr(inner_scores[name], data, inner) for name in ("planner", "myopic_planner")}
         chosen.append(max(apgr, key=lambda name: apgr[name]))
         cascade[outer] = scores[chosen[-1]][outer]

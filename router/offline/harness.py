@@ -179,6 +179,21 @@ POOL_STRATEGIES: dict[str, PoolStrategy] = {
 }
 
 
+def load_sides(
+    fmt: str,
+    train_files: Sequence[str | Path],
+    test_files: Sequence[str | Path],
+    prices: str | Path | None = None,
+) -> tuple[RoutingDataset, RoutingDataset]:
+    """The train and test files, both priced from one price file: ``prices`` when given, else the
+    one the train side was priced from (LLMRouter: ``default_llm.json`` beside the first --train
+    score file). Pricing the test files from a file beside them would charge the two sides
+    different prices without a word."""
+    train = load_format(fmt, train_files, prices)
+    test = load_format(fmt, test_files, prices if prices is not None else train.meta.get("prices_file"))
+    return train, test
+
+
 def _meta(ds: RoutingDataset) -> dict:
     return {k: v for k, v in ds.meta.items() if k != "prompt_chars"}
 
@@ -205,8 +220,7 @@ def run_pool_eval(
         raise ValueError(f"unknown strategy {strategy!r} for --format; known: {', '.join(POOL_STRATEGIES)}")
     chosen = POOL_STRATEGIES[strategy]
     console = console or console_for(stderr=True)
-    train = load_format(fmt, train_files, prices)
-    test = load_format(fmt, test_files, prices)
+    train, test = load_sides(fmt, train_files, test_files, prices)
     note = None
     features = feature_builder(backend)
     if strategy == "cascade" and (train.responses is None or test.responses is None):
@@ -273,8 +287,7 @@ def run_onboard_eval(
     from router.training import feature_builder
 
     console = console or console_for(stderr=True)
-    train = load_format(fmt, train_files, prices)
-    test = load_format(fmt, test_files, prices)
+    train, test = load_sides(fmt, train_files, test_files, prices)
     say = stage_printer(console, progress)
     body = evaluate_onboarding(
         train,

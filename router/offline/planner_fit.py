@@ -16,8 +16,15 @@ Two models are learned from the training queries' recorded answers and labels:
 Cross-fitting keeps it honest: each query is walked by models that never saw it (fold models), the
 value targets come from those walks, and each fold keeps its own planner, so the training files can
 be replayed as a validation set (:func:`fit_planner` returns the fold planners) without the replay
-having seen its own labels. The priors (``log_odds``) and predicted costs must be cross-fitted the
-same way by the caller (router/offline/cascade.py).
+having seen its own labels. The models stacked under the planner — the priors (``log_odds``) and the
+predicted costs — must be cross-fitted by the caller on the same folds (:func:`fold_assignment`,
+:func:`cross_fit_on`, passed to :func:`fit_planner` as ``fold_of``): then every model that plans a
+query of fold f (prior, cost, post-hoc, gain) was fitted on the other folds' rows only. What that
+does not remove (plain stacking, not nested): the post-hoc and gain models of fold f learn from the
+other folds' out-of-fold priors, and the gain models from targets judged by those folds' post-hoc
+models — and those priors and judges were fitted on rows that include fold f. A query's own label
+reaches its planner only that way, second-hand; a nested fit (priors and post-hoc models per pair of
+folds) would close it, at several times the fitting time.
 """
 
 from __future__ import annotations
@@ -37,6 +44,33 @@ POSTHOC_STATES = 6  # random multi-answer states per query, besides every single
 GAIN_STATES = 4  # random states with answers per query, besides "no answer yet"
 PAIR_SHARE = 0.25  # share of the possible pairs sampled as calls from each state
 TRIPLE_SHARE = 0.04  # and of the triples
+
+
+def fold_assignment(n: int, k: int, seed: int) -> np.ndarray:
+    """Each of ``n`` rows' fold (0..k-1), seeded: the one assignment every stacked model of a
+    cross-fit shares. The same folds as ``split.cross_fit(n, k, seed, …)``."""
+    fold_of = np.empty(n, dtype=int)
+    for f, part in enumerate(folds(n, k, seed)):
+        fold_of[part] = f
+    return fold_of
+
+
+def cross_fit_on(
+    fold_of: np.ndarray, fit_score: Callable[[np.ndarray, np.ndarray], np.ndarray]
+) -> np.ndarray:
+    """One score per row (or row of scores), each from ``fit_score(train rows, fold rows)`` fitted on
+    the rows of the other folds of ``fold_of``."""
+    fold_of = np.asarray(fold_of)
+    scores: np.ndarray | None = None
+    for f in np.unique(fold_of):
+        part = np.flatnonzero(fold_of == f)
+        found = np.asarray(fit_score(np.flatnonzero(fold_of != f), part), dtype=float)
+        if scores is None:
+            scores = np.empty((len(fold_of), *found.shape[1:]))
+        scores[part] = found
+    if scores is None:
+        raise ValueError("cross-fitting needs at least one row")
+    return scores
 
 
 @dataclass
@@ -151,15 +185,23 @@ class FittedPlanners:
 
 
 def fit_planner(
-    rec: Recorded, *, k: int = 5, seed: int = 0, progress: Callable[[str], None] | None = None
+    rec: Recorded,
+    *,
+    k: int = 5,
+    seed: int = 0,
+    fold_of: np.ndarray | None = None,
+    progress: Callable[[str], None] | None = None,
 ) -> FittedPlanners:
-    """Cross-fitted post-hoc estimator and gain model; see the module docstring."""
+    """Cross-fitted post-hoc estimator and gain model; see the module docstring. ``fold_of``: the
+    fold of each query, the one the priors were cross-fitted on (default
+    ``fold_assignment(n, k, seed)``, the folds of ``split.cross_fit(n, k, seed, …)``)."""
     say = progress or (lambda _: None)
     n = len(rec.book)
-    parts = folds(n, k, seed + 7)
-    fold_of = np.empty(n, dtype=int)
-    for f, part in enumerate(parts):
-        fold_of[part] = f
+    if fold_of is None:
+        fold_of = fold_assignment(n, k, seed)
+    fold_of = np.asarray(fold_of, dtype=int)
+    if fold_of.shape != (n,) or set(np.unique(fold_of).tolist()) != set(range(k)):
+        raise ValueError(f"fold_of must give each of the {n} queries one of {k} folds, each used")
     say("post-hoc samples")
     X, y, owner = posthoc_samples(rec, range(n), seed)
     posthoc_by_fold = []

@@ -1,7 +1,7 @@
 """The cascade strategy over N workers on held-out files: answer-aware plans replayed on recorded answers.
 
 `polyroute router eval --format routerbench --strategy cascade` lands here. On the training files it
-fits, all cross-fitted (router/offline/planner_fit.py):
+fits, all cross-fitted on one fold assignment (router/offline/planner_fit.py):
 
 * the query-only quality model (``--model``, today's fast router): the planner's priors, and on its
   own the ``single`` router of the report;
@@ -40,7 +40,7 @@ from router.offline.dataset import RoutingDataset
 from router.offline.intervals import METHOD, PerQuery, differences, interval, resampled_aiq
 from router.offline.metrics import DEFAULT_LAMBDAS, aiq_within, lambda_curve
 from router.offline.plan_table_fit import cross_fit_tables
-from router.offline.planner_fit import FittedPlanners, Recorded, fit_planner
+from router.offline.planner_fit import FittedPlanners, Recorded, cross_fit_on, fit_planner, fold_assignment
 from router.offline.pool import (
     PoolData,
     Validation,
@@ -56,7 +56,6 @@ from router.offline.pool import (
     swept_router,
 )
 from router.offline.replay import Replay, agreement_rule, replay
-from router.offline.split import cross_fit
 from router.plan_table import PlanTable
 from router.planner import Plans
 
@@ -151,7 +150,7 @@ def compare_strategies(
     the same planner myopic (no gain model), or the plan table: each is cross-fitted on the training
     files and replayed at every λ; the highest AIQ (up to the dearest worker's mean cost) wins."""
     rows = np.flatnonzero(~(np.isnan(Y).any(axis=1) | np.isnan(C).any(axis=1)))
-    tables = cross_fit_tables(book, Y, C, workers, k=FOLDS, seed=seed, progress=say)
+    tables = cross_fit_tables(book, Y, C, workers, k=FOLDS, seed=seed, fold_of=planners.fold_of, progress=say)
     fitted = {"planner": planners, "myopic_planner": planners.myopic(), "plan_table": tables}
     held = {}
     for name, strategy in fitted.items():
@@ -230,17 +229,16 @@ def evaluate_cascade(
 
     say(f"cross-fitting the prior and the cost model ({FOLDS} folds)")
     X = data.X_train
-    prior_cf = cross_fit(
-        n, FOLDS, seed + 5, lambda a, b: fit_quality_model(model, X[a], Y[a], seed).predict(X[b])
-    )
-    cost_cf = cross_fit(n, FOLDS, seed + 3, lambda a, b: CostModel().fit(X[a], C[a]).predict(X[b]))
+    fold_of = fold_assignment(n, FOLDS, seed)  # one assignment for every stacked model
+    prior_cf = cross_fit_on(fold_of, lambda a, b: fit_quality_model(model, X[a], Y[a], seed).predict(X[b]))
+    cost_cf = cross_fit_on(fold_of, lambda a, b: CostModel().fit(X[a], C[a]).predict(X[b]))
 
     say("running code answers (behaviour keys)")
     book_train = AnswerBook(train.texts, train.responses, code_runs_for(train.texts, train.responses))
     book_test = AnswerBook(test.texts, test.responses, code_runs_for(test.texts, test.responses))
     say(f"code answers run for {len(book_train.behaviour)} + {len(book_test.behaviour)} queries")
     rec = Recorded.from_priors(book_train, prior_cf, Y)
-    planners = fit_planner(rec, k=FOLDS, seed=seed, progress=say)
+    planners = fit_planner(rec, k=FOLDS, seed=seed, fold_of=fold_of, progress=say)
     fit_seconds = time.perf_counter() - started
 
     strategies = compare_strategies(
@@ -407,19 +405,18 @@ def train_cascade(
         say(f"prior, fold {folds_done}/{FOLDS}")  # each fold refits the prior: the slow part on big data
         return predicted
 
-    prior = cross_fit(len(ds), FOLDS, seed + 5, prior_fold)
+    fold_of = fold_assignment(len(ds), FOLDS, seed)  # one assignment for every stacked model
+    prior = cross_fit_on(fold_of, prior_fold)
     say("running code answers (behaviour keys)")
     book = AnswerBook(ds.texts, ds.responses, code_runs_for(ds.texts, ds.responses))
     rec = Recorded.from_priors(book, prior, ds.labels)
-    planners = fit_planner(rec, k=FOLDS, seed=seed, progress=say)
+    planners = fit_planner(rec, k=FOLDS, seed=seed, fold_of=fold_of, progress=say)
     artifact.cascade = planners.final
     artifact.card["cascade"] = {**planners.final.card, "strategy": "planner"}
     if ds.costs is not None:  # a plan table is scored on recorded costs (RouterBench has them)
         C = np.asarray(ds.costs, dtype=float)
         say(f"cross-fitting the cost model ({FOLDS} folds)")
-        cost_cf = cross_fit(
-            len(ds), FOLDS, seed + 3, lambda a, b: CostModel().fit(X[a], np.nan_to_num(C[a])).predict(X[b])
-        )
+        cost_cf = cross_fit_on(fold_of, lambda a, b: CostModel().fit(X[a], np.nan_to_num(C[a])).predict(X[b]))
         found = compare_strategies(
             book, rec, planners, cost_cf, ds.labels, C, ds.workers, DEFAULT_LAMBDAS, seed, say
         )
