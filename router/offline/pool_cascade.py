@@ -416,7 +416,7 @@ def train_cascade(
     if ds.costs is not None:  # a plan table is scored on recorded costs (RouterBench has them)
         C = np.asarray(ds.costs, dtype=float)
         say(f"cross-fitting the cost model ({FOLDS} folds)")
-        cost_cf = cross_fit_on(fold_of, lambda a, b: CostModel().fit(X[a], np.nan_to_num(C[a])).predict(X[b]))
+        cost_cf = cross_fit_on(fold_of, lambda a, b: CostModel().fit(X[a], C[a]).predict(X[b]))
         found = compare_strategies(
             book, rec, planners, cost_cf, ds.labels, C, ds.workers, DEFAULT_LAMBDAS, seed, say
         )
