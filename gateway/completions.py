@@ -746,7 +746,9 @@ async def serve(request: Request, wire: Wire) -> Response:
         route = route_request(request, chat, admission, tenant.cost_weight if tenant else None)
         with tracing.step("route"):
             decision = await decide(state, route, chat, admission, router)
-            composition = await compose.plan(state, request, chat, route, decision, router)
+            composition = await compose.plan(
+                state, request, chat, route, decision, router, admission, recalled
+            )
     except APIError as err:
         return refused(state, err, headers, wire)
     except StoreReplyError as exc:  # e.g. the rate-limit script: this request fails, nobody else

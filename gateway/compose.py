@@ -4,12 +4,15 @@
 planner runs the answer-aware plan (router/compose/planned.py: after each round, call another worker
 or stop), and one without may choose a cascade when its predicted utility beats the best single
 worker (router/compose/choose.py).
-A workflow draws only from the admissible pool, in the router's order; a request with tools, or
-a pool of one worker, is answered in fast mode and says so (`x-polyroute-compose`). The whole
-workflow reserves its cost ceiling on the tenant's budget up front and settles the actual total;
-each step is checked against that ceiling before it runs. The final answer is returned as a
-chat.completion or streamed as SSE chunks; the trace (every step's worker, cost, verdict) goes
-to the ledger and, with `x-polyroute-trace: 1`, to the client.
+A workflow draws only from the admissible pool, in the router's order; a request with tools (or a
+tool_choice that asks for a tool call), or a pool of one worker, is answered in fast mode and says
+so (`x-polyroute-compose`), as is, under auto, one whose workflow could not start within its
+ceiling. The whole workflow reserves its cost ceiling on the tenant's budget up front and settles
+the actual total; each step is checked against that ceiling before it runs. Nothing is sent before
+the workflow ends, so the client's connection is watched meanwhile: once it has gone no step
+starts, and the ledger says 499. The final answer is returned as a chat.completion or streamed as
+SSE chunks; the trace (every step's worker, cost, verdict) goes to the ledger and, with
+`x-polyroute-trace: 1`, to the client.
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ from router.compose import (
     requested_workflow,
     should_cascade,
 )
+from router.compose.base import chars
 from router.compose.planned import Planned, plan_header
 from router.decide import Estimate
 from router.evidence import logit
@@ -64,7 +68,9 @@ __all__ = [
     "WORKFLOWS",
     "Composition",
     "degraded_trace",
+    "forces_tool_call",
     "plan",
+    "requested_workflow",
     "respond",
 ]
 
@@ -87,6 +93,7 @@ SAMPLING = (
 ANSWER_FORMAT = ("response_format", "logprobs", "top_logprobs", "logit_bias")
 ACCEPTANCE_FILE = "acceptance.joblib"
 STREAM_CHUNK_CHARS = 48
+CLIENT_GONE = "the client disconnected"
 
 
 @dataclass
@@ -178,9 +185,54 @@ async def _planned(
     )
 
 
+def forces_tool_call(chat: ChatCompletionRequest) -> bool:
+    """Whether the request's tool_choice asks for a tool call (`required`, a named function; from
+    Anthropic, `any` and `tool`). A workflow's steps send no tools, so it could not be honoured there:
+    such a request is served as one with tools is. `auto` and `none` without tools ask for nothing a
+    workflow does not already do."""
+    return chat.tool_choice is not None and chat.tool_choice not in ("auto", "none")
+
+
+def _cannot_start(
+    state, chat: ChatCompletionRequest, admission, recalled, pool: tuple[Worker, ...], workflow: str
+) -> Composition | None:
+    """Under auto (the router's choice, not the client's): fast mode, degraded and saying why, when
+    the workflow could not start because no pool worker's step fits its ceiling — steps are priced at
+    the client's max_tokens, and Anthropic clients send tens of thousands. Fast mode answers such a
+    request, and auto must not fail where fast mode answers. A ceiling the client set itself
+    (metadata.max_cost_usd below the gateway's) is the client's bound: kept, and the workflow calls
+    nobody and says so rather than spend past it. None: the workflow can start (or the client's bound
+    decides)."""
+    asked, ceiling = _asked_ceiling(chat), _gateway_ceiling(state, admission)
+    if asked is not None and asked < ceiling:
+        return None
+    messages = memory.workflow_messages(recalled, chat.messages_payload())
+    prompt_chars, output = chars(messages), chat.output_budget()
+    costs = {w.name: predicted_cost(w, prompt_chars, output) for w in pool}
+    cheapest = min(costs, key=lambda name: costs[name])
+    if costs[cheapest] <= ceiling:
+        return None
+    at = f" at max_tokens {output}" if output else ""
+    return Composition(
+        note=f"degraded: no worker fits the {workflow} workflow's cost ceiling ${ceiling:f} (the cheapest, "
+        f"{cheapest}, is predicted ${costs[cheapest]:.6f}{at}); fast mode",
+        requested=workflow,
+    )
+
+
 async def plan(
-    state, request: Request, chat: ChatCompletionRequest, route: RouteRequest, decision, router
+    state,
+    request: Request,
+    chat: ChatCompletionRequest,
+    route: RouteRequest,
+    decision,
+    router,
+    admission=None,
+    recalled=None,
 ) -> Composition:
+    """Fast mode, a workflow, or a workflow degraded to fast mode (and why). ``admission`` (the
+    policy's ceiling) and ``recalled`` (memory the steps would carry) price a workflow `auto` would
+    choose, so that it is chosen only when it can start."""
     try:
         forced = requested_workflow(chat.model)
     except ValueError as exc:
@@ -189,7 +241,7 @@ async def plan(
     weight = route.cost_weight if route.cost_weight is not None else settings.cost_weight
     planner = getattr(router, "planner", None) if router.name == "learned" else None
     if forced is None:
-        if chat.model != "auto" or router.name != "learned" or chat.tools:
+        if chat.model != "auto" or router.name != "learned" or chat.tools or forces_tool_call(chat):
             return Composition()
         if planner is not None and settings.compose_plan:
             # exploration sends this one to an under-observed worker; a quality target (min_quality)
@@ -201,6 +253,8 @@ async def plan(
                     note=f"degraded: only one admissible worker ({decision.workers[0].name}); fast mode",
                     requested="plan",
                 )
+            if degraded := _cannot_start(state, chat, admission, recalled, decision.workers, "plan"):
+                return degraded
             return await _planned(
                 router, route, chat, decision.workers, settings, weight, "answer-aware plan", "chosen"
             )
@@ -210,6 +264,8 @@ async def plan(
         prediction = predict_cascade(estimates, weight, settings.compose_verifier_accuracy)
         if not should_cascade(prediction):
             return Composition()
+        if degraded := _cannot_start(state, chat, admission, recalled, decision.workers, "cascade"):
+            return degraded
         return Composition(
             "cascade", _by_strength(decision.workers, estimates, chat), prediction.reason, "chosen", weight
         )
@@ -225,6 +281,12 @@ async def plan(
     if chat.tools:
         return Composition(
             note=f"degraded: {forced} does not take tools; answered in fast mode", requested=forced
+        )
+    if forces_tool_call(chat):
+        return Composition(
+            note=f"degraded: {forced} does not take tool_choice (it asks for a tool call); answered in "
+            "fast mode",
+            requested=forced,
         )
     if len(decision.workers) < 2:
         return Composition(
@@ -279,12 +341,24 @@ def _ceiling(state, chat: ChatCompletionRequest, admission) -> Decimal:
     """What the whole workflow may spend: the gateway's setting, lowered by the client's
     metadata.max_cost_usd and by the policy's max_request_cost_usd (a rule caps a request, and a
     workflow is one request however many workers it asks)."""
-    raw = (chat.metadata or {}).get("max_cost_usd")
+    ceiling = _gateway_ceiling(state, admission)
+    asked = _asked_ceiling(chat)
+    return ceiling if asked is None else min(asked, ceiling)
+
+
+def _gateway_ceiling(state, admission) -> Decimal:
+    """The ceiling the client did not choose: the gateway's setting, lowered by the policy's."""
     ceiling = Decimal(repr(state.settings.compose_max_cost_usd))
     if admission is not None and admission.max_request_cost_usd is not None:
         ceiling = min(ceiling, admission.max_request_cost_usd)
+    return ceiling
+
+
+def _asked_ceiling(chat: ChatCompletionRequest) -> Decimal | None:
+    """The client's metadata.max_cost_usd (None: not set); a 400 when it is no positive amount."""
+    raw = (chat.metadata or {}).get("max_cost_usd")
     if raw is None:
-        return ceiling
+        return None
     try:
         asked = Decimal(str(raw))
     except InvalidOperation:
@@ -296,7 +370,7 @@ def _ceiling(state, chat: ChatCompletionRequest, admission) -> Decimal:
             param="metadata.max_cost_usd",
             code="invalid_value",
         )
-    return min(asked, ceiling)
+    return asked
 
 
 @functools.lru_cache(maxsize=512)
@@ -456,12 +530,17 @@ async def respond(state, request: Request, ex, composition: Composition) -> Resp
         step_timeout_s=state.settings.compose_step_timeout_s,
         seed=zlib.crc32(ex.request_id.encode()),
     )
+    # nothing is sent before the workflow ends, so a client that hangs up is noticed here or never
+    watcher = asyncio.create_task(_stop_when_gone(request, run))
     try:
         with tracing.step("compose", **{"polyroute.workflow": composition.workflow}):
             outcome = await workflow.run(run)
     except BaseException:
+        watcher.cancel()
         await ex.release(state)
         raise
+    watcher.cancel()
+    await asyncio.wait([watcher])  # its read of the connection ends before the response's begins
     trace = outcome.trace()
     prompt_tokens = sum(s.prompt_tokens for s in outcome.steps)
     completion_tokens = sum(s.completion_tokens for s in outcome.steps)
@@ -472,6 +551,8 @@ async def respond(state, request: Request, ex, composition: Composition) -> Resp
     }
     if composition.workflow == "plan":
         headers[PLAN_HEADER] = plan_header(outcome.detail)
+    if run.stopped is not None:
+        return await _client_gone(state, ex, outcome, strategy, headers)
     if final is None:
         await ex.finish(
             state, None, 502, [], prompt_tokens, completion_tokens, outcome.cost_usd, strategy, trace
@@ -514,6 +595,43 @@ async def respond(state, request: Request, ex, composition: Composition) -> Resp
         media_type="application/json",
         headers=headers,
     )
+
+
+async def _stop_when_gone(request: Request, run: Run) -> None:
+    """Stop ``run`` (no further step starts) when the client hangs up. The body has been read, so
+    the server's next message is http.disconnect, sent when the connection closes."""
+    try:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+    except Exception:  # the connection cannot be watched: the workflow runs to its end, as before
+        log.debug("cannot watch the client's connection", exc_info=True)
+        return
+    run.stop(CLIENT_GONE)
+
+
+async def _client_gone(state, ex, outcome, strategy: str, headers: dict[str, str]) -> Response:
+    """The client hung up during the workflow: no step started after that (those in flight finished),
+    nobody gets the answer, and the ledger says 499 — as for a stream the client leaves — with
+    every step's cost billed and the budget's hold settled to it."""
+    from gateway.completions import STREAM_STATUS
+
+    outcome_name = "client_disconnected"
+    trace = {**outcome.trace(), "ended": outcome_name}
+    if ex.chat.stream:
+        trace["stream"] = outcome_name  # as a fast-mode stream's record says it (and its span reads)
+    worker = outcome.answer.worker if outcome.answer is not None else None
+    prompt_tokens = sum(s.prompt_tokens for s in outcome.steps)
+    completion_tokens = sum(s.completion_tokens for s in outcome.steps)
+    status = STREAM_STATUS[outcome_name]
+    await ex.finish(
+        state, worker, status, [], prompt_tokens, completion_tokens, outcome.cost_usd, strategy, trace
+    )
+    state.metrics.errors.labels(outcome_name).inc()
+    state.metrics.requests.labels(worker or "-", strategy, outcome_name).inc()
+    log.info("request %s: the client hung up during %s; %s", ex.request_id, strategy, outcome.note)
+    err = APIError(status, f"the client closed the request: {outcome.note}", code=outcome_name)
+    err.headers = headers
+    return error_response(err)  # nobody reads it: the connection is gone
 
 
 def _completion(final: Answer, usage: dict, extra: dict, request_id: str) -> dict[str, Any]:

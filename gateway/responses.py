@@ -249,6 +249,13 @@ def translate(
     chat = {k: v for k, v in chat.items() if k in fields}
     if body.metadata:  # polyroute's keys: data_class, cost_weight, min_quality, collections, session_id...
         chat["metadata"] = dict(body.metadata)
+    if body.tool_choice is not None and "tool_choice" not in chat:
+        # the bridge drops a tool_choice sent without tools; kept, so the pipeline sees what was asked
+        # (gateway/compose.py answers a workflow that must call a tool in fast mode)
+        choice = body.tool_choice
+        if isinstance(choice, dict):
+            choice = {"type": "function", "function": {"name": choice["name"]}}
+        chat["tool_choice"] = choice
     if body.stream:
         chat["stream"] = True
         chat["stream_options"] = {"include_usage": True}  # usage closes response.completed

@@ -77,6 +77,12 @@ class DeadlineReached(CeilingReached):
     the ceiling (a subclass, so every workflow that stops at the ceiling stops here too)."""
 
 
+class Stopped(DeadlineReached):
+    """The run was stopped from outside (`Run.stop`: the client hung up): no step may start, and the
+    workflow stops as it does at the deadline. Steps already in flight finish, so what they cost is
+    known and billed, not guessed."""
+
+
 @dataclass(slots=True)
 class Outcome:
     answer: Answer | None
@@ -134,6 +140,7 @@ class Run:
     output_limits: dict[str, int] = field(default_factory=dict)
     steps: list[Step] = field(default_factory=list)
     spent_usd: Decimal = Decimal(0)
+    stopped: str | None = None  # why no step may start any more (`stop`), None while the run goes on
     _reserved: Decimal = Decimal(0)  # predicted cost of steps in flight (parallel members)
 
     def __post_init__(self) -> None:
@@ -149,6 +156,34 @@ class Run:
                 if isinstance(content, list):
                     return " ".join(p.get("text", "") for p in content if isinstance(p, dict))
         return ""
+
+    def conversation(self, instruction: str) -> list[dict[str, Any]]:
+        """The client's conversation with its last user turn replaced by a workflow's own
+        ``instruction`` (which quotes the question): the system and developer messages, recalled
+        memory and earlier turns stay, so a step whose text the client may get (a fused answer, a
+        rebuttal, a revision) follows the client's system prompt and knows the conversation. The
+        replaced turn's other parts (images) follow the instruction; messages after it stay too."""
+        messages = self.messages
+        at = next((i for i in range(len(messages) - 1, -1, -1) if messages[i].get("role") == "user"), None)
+        if at is None:
+            return [*messages, {"role": "user", "content": instruction}]
+        content = messages[at].get("content")
+        others = (
+            [p for p in content if isinstance(p, dict) and p.get("type") != "text"]
+            if isinstance(content, list)
+            else []
+        )
+        turn = {
+            **messages[at],
+            "content": [{"type": "text", "text": instruction}, *others] if others else instruction,
+        }
+        return [*messages[:at], turn, *messages[at + 1 :]]
+
+    def stop(self, reason: str) -> None:
+        """No step may start from now on (steps in flight finish): the workflow stops as at the
+        deadline, with the best answer it holds. The gateway calls it when the client hangs up."""
+        if self.stopped is None:
+            self.stopped = reason
 
     def fits(self, worker: Worker, messages: Sequence[dict[str, Any]]) -> bool:
         return self.spent_usd + self._reserved + self.predict(worker, messages) <= self.ceiling_usd
@@ -222,6 +257,9 @@ class Run:
         if self.expired():
             self.steps.append(Step(role, worker.name, verdict="skipped: request deadline"))
             raise DeadlineReached(f"{role} on {worker.name}: the request's deadline has passed")
+        if self.stopped is not None:
+            self.steps.append(Step(role, worker.name, verdict=f"skipped: {self.stopped}"))
+            raise Stopped(f"{role} on {worker.name}: {self.stopped}")
         predicted = self.predict(worker, messages)
         room = self.room()
         allowed = room if allowance is None else min(allowance, room)

@@ -3,7 +3,8 @@
 The builder is the best-ranked worker, the verifier the next one (a different model catches
 different mistakes; the same one if the pool has one). When the request carries tests for code
 (`metadata.tests`: Python source using assert), the draft's code is run against them in a
-separate Python process with a timeout, and the result is part of the critique. Bounded rounds;
+separate Python process with a timeout, and the result is part of the critique. The builder
+revises in the client's conversation (its system prompt included: the revision is the answer). Bounded rounds;
 the draft ends when the verifier approves and the tests pass, or rounds run out (last draft kept).
 """
 
@@ -103,7 +104,7 @@ class BuilderVerifier:
                 draft = await run.call(
                     "builder",
                     builder,
-                    user_turn(
+                    run.conversation(
                         REVISE_PROMPT.format(
                             question=run.question, draft=draft.text, critique=problems + test_report
                         )

@@ -1,7 +1,8 @@
 """Debate: two or three workers answer, then rebut each other for bounded rounds; a judge decides.
 
 Each debater sees the question, its own last answer and the others' last answers, anonymous
-("Debater B"), never the judge's view; the judge sees the question and the final answers in a
+("Debater B"), in the client's conversation (its system prompt included: a rebuttal may be the
+answer), never the judge's view; the judge sees the question and the final answers in a
 shuffled order and names the best one. A debater that fails drops out; with one left it wins.
 """
 
@@ -43,7 +44,9 @@ class Debate:
                 messages = run.messages
             else:
                 others = "\n\n".join(f"Debater {k}:\n{a.text}" for k, (_, a) in answers.items() if k != key)
-                messages = user_turn(REBUT_PROMPT.format(question=run.question, own=own.text, others=others))
+                messages = run.conversation(
+                    REBUT_PROMPT.format(question=run.question, own=own.text, others=others)
+                )
             try:
                 role = "debater" if first else "rebuttal"
                 return key, worker, await run.call(role, worker, messages, allowance=shares[key])

@@ -2,8 +2,9 @@
 
 Members are the pool's k best-ranked workers, run with bounded concurrency and a per-step timeout;
 a member that fails or times out is dropped. The fuser (the best-ranked worker unless named) sees
-the question and the candidates only — anonymous and in a shuffled order, because LLM judges
-favour the first slot — never which worker wrote what. One surviving candidate is returned as is;
+the client's conversation (its system prompt included: the fused text is the answer) with the
+question and the candidates in place of the last turn — anonymous and in a shuffled order, because
+LLM judges favour the first slot — never which worker wrote what. One surviving candidate is returned as is;
 if the fuser does not fit under the ceiling or fails, the best-ranked member's answer is returned.
 """
 
@@ -13,7 +14,7 @@ import asyncio
 import random
 
 from policies import Worker
-from router.compose.base import Answer, CeilingReached, Outcome, Run, StepFailed, user_turn
+from router.compose.base import Answer, CeilingReached, Outcome, Run, StepFailed
 
 FUSE_PROMPT = (
     "Several assistants answered the question below. Their answers may contain errors. Write the "
@@ -59,7 +60,7 @@ class Ensemble:
         candidates = "\n\n".join(f"Answer {i + 1}:\n{a.text}" for i, a in enumerate(shuffled))
         prompt = FUSE_PROMPT.format(question=run.question, candidates=candidates)
         try:
-            fused = await run.call("fuser", self._fuser(run), user_turn(prompt))
+            fused = await run.call("fuser", self._fuser(run), run.conversation(prompt))
         except (StepFailed, CeilingReached) as exc:
             kind = "cost ceiling" if isinstance(exc, CeilingReached) else "fuser failed"
             return Outcome(answers[0], self.name, run.steps, f"{kind}: best-ranked member's answer")

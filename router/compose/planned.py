@@ -4,9 +4,11 @@ The planner (router/planner.py) compares stopping now — returning the answer i
 rates best, from the answers' agreement, the workers' priors, form and checks (router/evidence.py) —
 with calling another worker (or, with a latency weight, two at once). Every call goes through
 `Run.call`, so the plan stays inside the admissible pool and under the request's cost ceiling:
-workers whose predicted cost no longer fits are masked out before the planner chooses, a worker
-that fails (error, timeout, empty answer) is dropped for the rest of the plan and never retried,
-and a ceiling stop returns the best answer so far and says so. Besides the workers' calls, a round
+workers whose predicted cost no longer fits are masked out before the planner chooses (those that
+never fit are named in the note and in `detail["over_ceiling"]`), a worker that fails (error,
+timeout, empty answer) is dropped for the rest of the plan and never retried, and a ceiling stop
+returns the best answer so far and says so. A run stopped from outside (`Run.stop`: the client hung
+up) or cut by the deadline starts no further round. Besides the workers' calls, a round
 costs a few regexes and two small tree-model predictions (well under a millisecond), run inline.
 """
 
@@ -109,6 +111,9 @@ class Planned:
         dropped: set[int] = set()  # failed, or refused by the ceiling: never called again
         rounds: list[list[str]] = []
         ceiling_hit = deadline_hit = False
+        # workers whose first step alone would pass the ceiling are never asked: said in the trace,
+        # not left out silently (a client's max_tokens prices the strongest worker out first)
+        over = {w.name: run.predict(w, run.messages) for w in pool if not run.fits(w, run.messages)}
         state = State.of(question)
         decision: Decision | None = None
         for round_no in range(1, self.planner.max_calls + 1):  # each round calls at least one worker
@@ -166,8 +171,8 @@ class Planned:
             if len(answers) > len(state.called):
                 read = await self.read(question, [a.text for a in answers])
                 state = State.of(question, called, read)
-            deadline_hit = deadline_hit or run.expired()
-            if deadline_hit:  # no time for another round: the best answer held is the answer
+            deadline_hit = deadline_hit or run.expired() or run.stopped is not None
+            if deadline_hit:  # no time (or nobody) for another round: the best answer held is the answer
                 decision = self.decide(state, run, [False] * len(pool))
                 break
             decision = None
@@ -184,13 +189,21 @@ class Planned:
             run.steps.append(Step("answer", wanted, verdict="skipped: cost ceiling"))
         calls = sum(len(r) for r in rounds)
         detail: dict[str, Any] = {"rounds": rounds, "calls": calls}
+        priced = ", ".join(f"{name} (predicted ${cost:.6f})" for name, cost in over.items())
+        left_out = f"; left out, over the cost ceiling ${run.ceiling_usd:f}: {priced}" if over else ""
+        if over:
+            detail["over_ceiling"] = {name: f"{cost:f}" for name, cost in over.items()}
         done = f"{_plural(len(rounds), 'round')}, {_plural(calls, 'call')}"
         if not answers or decision.answer is None:
             if ceiling_hit and not calls:
-                why = f"cost ceiling ${run.ceiling_usd:f}: no worker fits"
+                why = f"cost ceiling ${run.ceiling_usd:f}: no worker fits" + (f" ({priced})" if over else "")
             else:
                 why = f"no worker answered after {done}" + ("; cost ceiling reached" if ceiling_hit else "")
-                why += "; the request's deadline passed" if deadline_hit else ""
+                if deadline_hit:
+                    why += (
+                        f"; {run.stopped}" if run.stopped is not None else "; the request's deadline passed"
+                    )
+                why += left_out
             return Outcome(None, self.name, run.steps, why, detail)
         chosen = decision.answer
         step = answer_steps[chosen]
@@ -198,14 +211,16 @@ class Planned:
         rated = f" (P={float(decision.scores[chosen]):.2f})" if len(decision.scores) > chosen else ""
         step.verdict = f"chosen{rated}; {step.verdict}"
         detail["chosen"] = answers[chosen].worker
-        if deadline_hit:
+        if run.stopped is not None:
+            note = f"{run.stopped} after {done}: best answer so far"
+        elif deadline_hit:
             note = f"the request's deadline passed after {done}: best answer so far"
         elif ceiling_hit:
             wanted_text = f" (the plan wanted {wanted})" if wanted else ""
             note = f"cost ceiling reached after {done}: best answer so far{wanted_text}"
         else:
             note = f"stopped after {done}: {decision.reason.removeprefix('stop: ')}"
-        return Outcome(answers[chosen], self.name, run.steps, note, detail)
+        return Outcome(answers[chosen], self.name, run.steps, note + left_out, detail)
 
     def _ceiling_blocked(self, state: State, run: Run, called: list[int], dropped: set[int]) -> str | None:
         """The worker the plan would have called next were it not for the cost ceiling, if any."""

@@ -1,0 +1,364 @@
+"""Composition through every API (chat completions, /v1/messages, /v1/responses), against the test
+upstream: `auto` never fails on the workflow ceiling where fast mode answers, and the plan names the
+workers the ceiling leaves out; a client that hangs up stops the workflow and is booked 499; the step
+that writes the answer keeps the client's system prompt; a tool_choice a workflow cannot honour is
+served as a request with tools is; count_tokens knows which workflows exist."""
+
+from __future__ import annotations
+
+import json
+import select
+import socket
+import time
+from decimal import Decimal
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import httpx
+import orjson
+import pytest
+import yaml
+
+from policies import parse_catalog
+from router.compose.base import Run
+from tests.conftest import catalog_yaml_for, start_gateway
+from tests.test_planner_gateway import (  # noqa: F401  (trained: a session fixture)
+    QUESTION,
+    WORKERS,
+    behave_all,
+    pick,
+    planned_gateway,
+    trained,
+    walk,
+    with_planner,
+)
+
+SYSTEM = "SYSTEM-RULE: always answer in French."
+MESSAGES_Q = [{"role": "user", "content": QUESTION}]
+
+
+@pytest.fixture(scope="module")
+def pgw(upstream, trained, tmp_path_factory):  # noqa: F811
+    """A gateway whose learned router has a trained planner (auto runs the plan), and a daily budget
+    for the test key's tenant, so that what a request holds and settles shows in its spend."""
+    planner, artifact = trained
+    tmp = tmp_path_factory.mktemp("compose-apis")
+    policy = tmp / "policy.yaml"
+    policy.write_text(yaml.safe_dump({"version": "b", "tenants": {"acme": {"budget": {"daily_usd": "50"}}}}))
+    gw = planned_gateway(upstream, tmp, with_planner(artifact, planner), policy_file=policy)
+    assert gw.state.router.current.planner is not None
+    yield gw
+    gw.server.stop()
+
+
+def post(gw, path: str, body: dict, **headers: str) -> httpx.Response:
+    return httpx.post(
+        gw.v1 + path, headers={**gw.auth(), "x-polyroute-trace": "1", **headers}, json=body, timeout=60
+    )
+
+
+def ledger_lines(gw) -> list[dict]:
+    path = Path(gw.data_dir) / "ledger.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def record_of(gw, request_id: str, timeout_s: float = 60.0) -> dict:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        for record in ledger_lines(gw):
+            if record.get("id") == request_id:
+                return record
+        assert time.monotonic() < deadline, f"no ledger record for {request_id}"
+        time.sleep(0.05)
+
+
+def wait_for(condition, what: str, timeout_s: float = 60.0):
+    deadline = time.monotonic() + timeout_s
+    while not (value := condition()):
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+    return value
+
+
+def spent_today(gw) -> Decimal:
+    """The tenant's spend as the budget counts it: settled amounts plus any hold still open."""
+    books = httpx.get(f"{gw.url}/admin/spend/acme", headers=gw.auth(gw.admin_key), timeout=30).json()
+    return Decimal(str(books["daily_usd"]))
+
+
+# ---- 1. the workflow ceiling under auto ------------------------------------------------------------
+def test_auto_answers_in_fast_mode_when_no_worker_fits_the_workflow_ceiling(upstream, trained, tmp_path):  # noqa: F811
+    """The gateway's ceiling is below every worker's first step: auto (a trained planner in force)
+    answers as fast mode does, degraded and saying why, on chat completions and /v1/messages alike;
+    a ceiling the client set itself is the client's bound and stays a 502 that calls nobody."""
+    planner, artifact = trained
+    gw = planned_gateway(upstream, tmp_path, with_planner(artifact, planner), compose_max_cost_usd=0.000001)
+    try:
+        behave_all(upstream, dict.fromkeys(WORKERS, "A"))
+        for path, body in (
+            ("/chat/completions", {"model": "auto", "max_tokens": 20, "messages": MESSAGES_Q}),
+            ("/messages", {"model": "auto", "max_tokens": 20, "messages": MESSAGES_Q}),
+        ):
+            answer = post(gw, path, body)
+            assert answer.status_code == 200, answer.text
+            assert answer.headers["x-polyroute-strategy"] == "fast"
+            note = answer.headers["x-polyroute-compose"]
+            assert note.startswith("degraded: no worker fits the plan workflow's cost ceiling $0.000001")
+            assert "at max_tokens 20" in note
+            trace = record_of(gw, answer.headers["x-polyroute-request-id"])["trace"]
+            assert trace["degraded"] is True and trace["workflow"] == "plan" and trace["note"] == note
+            assert trace["final_worker"] == answer.headers["x-polyroute-worker"]
+        upstream.reset()
+        capped = post(
+            gw,
+            "/chat/completions",
+            {"model": "auto", "max_tokens": 20, "messages": MESSAGES_Q, "metadata": {"max_cost_usd": 1e-7}},
+        )
+        assert capped.status_code == 502 and "no worker fits" in capped.json()["error"]["message"]
+        assert not upstream.requests
+    finally:
+        gw.server.stop()
+
+
+def test_auto_does_not_choose_a_cascade_that_cannot_start(upstream, tmp_path):
+    """A learned router without a planner predicts that a cascade pays for this estimate (as in
+    tests/test_compose_gateway.py); below the gateway's ceiling no worker's step fits: fast mode."""
+    import numpy as np
+
+    from router import save_artifact, train_artifact
+
+    things = ("cars", "trees", "dogs", "bikes", "shops", "schools", "parks", "bridges", "buses", "cats")
+    estimates = [f"Estimate the number of {thing} in a typical city, roughly." for thing in things] * 6
+    greetings = [f"Say hello to my friend number {i} in a warm and friendly tone." for i in range(60)]
+    cheap_right = [float(i // 10 in (0, 1, 2, 5)) for i in range(len(estimates))]
+    labels = np.array([[c, 1.0] for c in cheap_right] + [[1.0, 1.0]] * len(greetings))
+    artifact = train_artifact(
+        estimates + greetings, [1] * 120, labels, ["cheap", "pricey"], backend="static", model="logreg"
+    )
+    save_artifact(tmp_path / "data" / "router", artifact)
+    gw = start_gateway(
+        parse_catalog(catalog_yaml_for(upstream.url)), tmp_path / "data", compose_max_cost_usd=0.000001
+    )
+    try:
+        behave_all(upstream, dict.fromkeys(WORKERS, "about 40000"))
+        body = {"model": "auto", "messages": [{"role": "user", "content": estimates[0]}]}
+        answer = post(gw, "/chat/completions", body, **{"x-polyroute-cost-weight": "0.3"})
+        assert answer.status_code == 200, answer.text
+        assert answer.headers["x-polyroute-strategy"] == "fast"
+        note = answer.headers["x-polyroute-compose"]
+        assert note.startswith("degraded: no worker fits the cascade workflow's cost ceiling $0.000001")
+        assert answer.json()["polyroute"]["trace"]["workflow"] == "cascade"
+    finally:
+        gw.server.stop()
+
+
+def test_the_plan_names_the_worker_the_ceiling_leaves_out(pgw, upstream):
+    """max_tokens 8000 prices pricey ($15 per million output tokens) over the $0.10 ceiling, not the
+    others: the plan runs over cheap and mid, and its note and trace say pricey was left out."""
+    behave_all(upstream, dict.fromkeys(WORKERS, "A"))
+    answer = post(pgw, "/messages", {"model": "auto", "max_tokens": 8000, "messages": MESSAGES_Q})
+    assert answer.status_code == 200, answer.text
+    assert answer.headers["x-polyroute-strategy"] == "compose:plan"
+    note = answer.headers["x-polyroute-compose"]
+    assert "left out, over the cost ceiling $0.1: pricey (predicted $0.12" in note
+    trace = answer.json()["polyroute"]["trace"]
+    assert list(trace["detail"]["over_ceiling"]) == ["pricey"]
+    assert Decimal(trace["detail"]["over_ceiling"]["pricey"]) > Decimal("0.1")
+    assert "pricey-model" not in {r["model"] for r in upstream.requests}
+
+
+# ---- 2. a client that hangs up while the workflow runs ---------------------------------------------
+LATENCY_S = 4.0  # each worker's answer: the client hangs up while round 1 waits on it
+
+HANG_UPS = {
+    "chat-stream": (
+        "/chat/completions",
+        {"model": "auto", "max_tokens": 20, "stream": True, "messages": MESSAGES_Q},
+    ),
+    "chat-json": ("/chat/completions", {"model": "auto", "max_tokens": 20, "messages": MESSAGES_Q}),
+    "messages-stream": (
+        "/messages",
+        {"model": "auto", "max_tokens": 20, "stream": True, "messages": MESSAGES_Q},
+    ),
+    "responses-stream": (
+        "/responses",
+        {"model": "auto", "max_output_tokens": 20, "stream": True, "input": QUESTION},
+    ),
+}
+
+
+def send_and_hang_up(gw, upstream, path: str, body: dict, cost_weight: float) -> None:
+    """Send the request on a raw connection, wait until a worker has been asked (round 1 is in
+    flight: no byte of the answer can have been sent), and close the connection."""
+    url = urlsplit(gw.url)
+    payload = orjson.dumps(body)
+    head = (
+        f"POST /v1{path} HTTP/1.1\r\nhost: {url.netloc}\r\nauthorization: Bearer {gw.api_key}\r\n"
+        f"content-type: application/json\r\ncontent-length: {len(payload)}\r\n"
+        f"x-polyroute-cost-weight: {cost_weight}\r\n\r\n"
+    )
+    with socket.create_connection((url.hostname, url.port), timeout=60) as sock:
+        sock.sendall(head.encode() + payload)
+        wait_for(lambda: len(upstream.requests) >= 1, "round 1 to reach a worker")
+        assert not select.select([sock], [], [], 0)[0], "the gateway answered before the plan ended"
+
+
+@pytest.mark.parametrize("case", list(HANG_UPS))
+def test_a_client_that_hangs_up_stops_the_plan_and_is_booked_499(pgw, upstream, case):
+    """The planner would make a second round; the client hangs up during the first. No later round
+    starts, the round in flight is billed (the budget's hold settled to it, none left open), and the
+    ledger says 499, as for a fast-mode stream the client leaves."""
+    path, body = HANG_UPS[case]
+    texts = {"cheap": "A", "mid": "B", "pricey": "C"}
+    cost_weight, rounds = pick(pgw, texts, lambda r: len(r) >= 2)
+    behave_all(upstream, texts, latency_s=LATENCY_S)
+    before, spent_before = len(ledger_lines(pgw)), spent_today(pgw)
+    send_and_hang_up(pgw, upstream, path, body, cost_weight)
+    record = wait_for(lambda: ledger_lines(pgw)[before:], "the request's ledger record")[0]
+    # the workflow has returned (its record is written): any round it started has reached the upstream
+    assert sorted(r["model"].removesuffix("-model") for r in upstream.requests) == sorted(rounds[0])
+    assert record["status"] == 499 and record["strategy"] == "compose:plan"
+    trace = record["trace"]
+    assert trace["ended"] == "client_disconnected"
+    assert trace.get("stream") == ("client_disconnected" if body.get("stream") else None)
+    assert "the client disconnected after 1 round" in trace["note"]
+    answered = [s for s in trace["steps"] if "cost_usd" in s and Decimal(s["cost_usd"]) > 0]
+    assert sorted(s["worker"] for s in answered) == sorted(rounds[0])
+    assert record["cost_micros"] > 0
+    assert spent_today(pgw) - spent_before == Decimal(record["cost_micros"]) / 10**6
+
+
+# ---- 3. the client's system prompt reaches the step that writes the answer --------------------------
+CONVERSATION = [
+    {"role": "user", "content": "I am asking about arithmetic."},
+    {"role": "assistant", "content": "Go ahead."},
+    {"role": "user", "content": "What is six times seven?"},
+]
+
+
+def _sent_with(upstream, marker: str) -> list[dict]:
+    return [r for w in WORKERS for r in upstream.requests_for(f"{w}-model") if marker in str(r["messages"])]
+
+
+def _keeps_the_conversation(request: dict, marker: str) -> None:
+    messages = request["messages"]
+    assert messages[0] == {"role": "system", "content": SYSTEM}, messages
+    assert [m["content"] for m in messages[1:3]] == ["I am asking about arithmetic.", "Go ahead."]
+    assert messages[-1]["role"] == "user" and marker in messages[-1]["content"]
+    assert "What is six times seven?" in messages[-1]["content"]
+
+
+def test_the_fuser_gets_the_system_prompt_and_the_conversation(gateway, upstream):
+    fused = {"Several assistants answered": "Quarante-deux (fused)."}
+    for worker, text in zip(WORKERS, ("quarante-deux", "42", "forty-two"), strict=True):
+        upstream.behave(f"{worker}-model", text=text, replies=fused)
+    answer = post(
+        gateway,
+        "/messages",
+        {"model": "compose:ensemble", "max_tokens": 50, "system": SYSTEM, "messages": CONVERSATION},
+    )
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["content"][0]["text"] == "Quarante-deux (fused)."
+    (fuse,) = _sent_with(upstream, "Several assistants answered")
+    _keeps_the_conversation(fuse, "Several assistants answered")
+    upstream.reset()
+    for worker, text in zip(WORKERS, ("quarante-deux", "42", "forty-two"), strict=True):
+        upstream.behave(f"{worker}-model", text=text, replies=fused)
+    answer = post(
+        gateway, "/responses", {"model": "compose:ensemble", "instructions": SYSTEM, "input": QUESTION}
+    )
+    assert answer.status_code == 200, answer.text
+    (fuse,) = _sent_with(upstream, "Several assistants answered")
+    assert [m["content"] for m in fuse["messages"][:-1]] == [SYSTEM]  # instructions, then the instruction
+
+
+def test_rebuttals_and_revisions_get_the_system_prompt(gateway, upstream):
+    behave_all(upstream, dict.fromkeys(WORKERS, "42"))
+    chat = {"max_tokens": 50, "messages": [{"role": "system", "content": SYSTEM}, *CONVERSATION]}
+    answer = post(gateway, "/chat/completions", {"model": "compose:debate", **chat})
+    assert answer.status_code == 200, answer.text
+    rebuttals = _sent_with(upstream, "Point out any errors")
+    assert len(rebuttals) >= 2
+    for rebuttal in rebuttals:
+        _keeps_the_conversation(rebuttal, "Point out any errors")
+    upstream.reset()
+    reviews = {"Check this answer": "The answer lacks the working.", "A reviewer found": "Quarante-deux."}
+    for worker in WORKERS:
+        upstream.behave(f"{worker}-model", text="42", replies=reviews)
+    answer = post(gateway, "/chat/completions", {"model": "compose:builder", **chat})
+    assert answer.status_code == 200, answer.text
+    revisions = _sent_with(upstream, "A reviewer found these problems")
+    assert revisions, "the builder revised"
+    for revision in revisions:
+        _keeps_the_conversation(revision, "A reviewer found these problems")
+    # a reviewer reads the instruction alone: the client's system prompt is not its to follow
+    (review, *_) = _sent_with(upstream, "Check this answer")
+    assert [m["role"] for m in review["messages"]] == ["user"]
+
+
+def test_the_conversation_keeps_the_replaced_turns_images():
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+    run = Run(
+        messages=[
+            {"role": "developer", "content": SYSTEM},
+            {"role": "user", "content": [{"type": "text", "text": "What is this?"}, image]},
+        ],
+        pool=(),
+        ask=None,  # type: ignore[arg-type]  (no step is run)
+        ceiling_usd=Decimal(1),
+    )
+    assert run.conversation("Fuse these.") == [
+        {"role": "developer", "content": SYSTEM},
+        {"role": "user", "content": [{"type": "text", "text": "Fuse these."}, image]},
+    ]
+
+
+# ---- 4. a tool_choice a workflow cannot honour ------------------------------------------------------
+def test_a_tool_choice_without_tools_is_served_as_a_request_with_tools(pgw, gateway, upstream):
+    """A workflow's steps send no tools, so a tool_choice that asks for a tool call is served as a
+    request with tools is: compose:<name> degrades to fast mode and says so, auto takes fast mode."""
+    behave_all(upstream, dict.fromkeys(WORKERS, "A"))
+    named = post(
+        pgw,
+        "/messages",
+        {"model": "compose:plan", "max_tokens": 20, "tool_choice": {"type": "any"}, "messages": MESSAGES_Q},
+    )
+    assert named.status_code == 200, named.text
+    assert named.headers["x-polyroute-strategy"] == "fast"
+    assert named.headers["x-polyroute-compose"].startswith("degraded: plan does not take tool_choice")
+    assert named.json()["polyroute"]["trace"]["degraded"] is True
+    auto = post(
+        pgw,
+        "/responses",
+        {"model": "auto", "max_output_tokens": 20, "tool_choice": "required", "input": QUESTION},
+    )
+    assert auto.status_code == 200, auto.text
+    assert auto.headers["x-polyroute-strategy"] == "fast" and "x-polyroute-plan" not in auto.headers
+    function = {"type": "function", "function": {"name": "lookup"}}
+    ensemble = post(
+        gateway,
+        "/chat/completions",
+        {"model": "compose:ensemble", "messages": MESSAGES_Q, "tool_choice": function},
+    )
+    assert ensemble.status_code == 200, ensemble.text
+    assert ensemble.headers["x-polyroute-compose"].startswith("degraded: ensemble does not take tool_choice")
+    # auto and none ask for nothing a workflow does not do: the workflow runs
+    plain = post(
+        pgw,
+        "/chat/completions",
+        {"model": "compose:plan", "max_tokens": 20, "messages": MESSAGES_Q, "tool_choice": "none"},
+    )
+    assert plain.status_code == 200 and plain.headers["x-polyroute-strategy"] == "compose:plan"
+
+
+# ---- 5. count_tokens and workflow names -------------------------------------------------------------
+def test_count_tokens_refuses_an_unknown_workflow_as_messages_does(gateway):
+    body = {"model": "compose:tournament", "messages": [{"role": "user", "content": "hi"}]}
+    sent = post(gateway, "/messages", {**body, "max_tokens": 5})
+    counted = post(gateway, "/messages/count_tokens", body)
+    assert sent.status_code == counted.status_code == 404
+    assert counted.json()["error"]["type"] == "not_found_error"
+    assert counted.json()["polyroute"]["code"] == "model_not_found"
+    assert counted.json()["error"]["message"] == sent.json()["error"]["message"]
+    known = post(gateway, "/messages/count_tokens", {**body, "model": "compose:plan"})
+    assert known.status_code == 200 and known.json()["input_tokens"] > 0
