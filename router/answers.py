@@ -38,10 +38,13 @@ class Kind(StrEnum):
 
 
 # ---- detection ------------------------------------------------------------------------------------
-_OPTION_LINE = re.compile(r"^\s*\(?([A-J])[\).:]\s+\S", re.MULTILINE)
+# Leading indentation is `[^\S\n]*` (white space but not a line end), never `\s*`: under MULTILINE a
+# `^\s*` tried at every line start of a run of blank lines rescans the whole run each time (quadratic).
+_OPTION_LINE = re.compile(r"^[^\S\n]*\(?([A-J])[\).:]\s+\S", re.MULTILINE)
+_DEF_LINE = re.compile(r"^[^\S\n]*def \w+\(", re.MULTILINE)
 _CODE_ASK = re.compile(
     r"\b(write|implement|complete|define|create)\b[^.?!\n]{0,60}\b(function|program|script|class|method|code)\b"
-    r"|\bpython\b|```|^\s*def \w+\(",
+    r"|\bpython\b|```|^[^\S\n]*def \w+\(",
     re.IGNORECASE | re.MULTILINE,
 )
 _NUMBER_ASK = re.compile(
@@ -68,7 +71,7 @@ def choice_letters(query: str) -> str:
 
 
 def _looks_like_code(answer: str) -> bool:
-    return "```" in answer or "[PYTHON]" in answer or bool(re.search(r"^\s*def \w+\(", answer, re.M))
+    return "```" in answer or "[PYTHON]" in answer or bool(_DEF_LINE.search(answer))
 
 
 def detect_kind(query: str, answers: Sequence[str] = ()) -> Kind:
@@ -95,20 +98,96 @@ def detect_kind(query: str, answers: Sequence[str] = ()) -> Kind:
 
 
 # ---- keys -----------------------------------------------------------------------------------------
-_CHOICE_PATTERNS = (
-    re.compile(r"^\s*[\(\[]?([A-J])(?:[\)\]\.:,]|\s|$)"),  # "B", "B)", "(B)", "B. text", "A questioning"
-    re.compile(r"\b(?:answer|option|choice)\s*(?:is|:)?\s*[\(\[]?([A-J])\b(?![a-z'])", re.IGNORECASE),
-    re.compile(r"^\s*\**\s*([A-J])\s*\**\s*$", re.MULTILINE),  # a letter alone on its own line
-)
+# Every reader below is linear in the answer's length (answers are untrusted and read on the event
+# loop): no two quantifiers can take the same characters (`\s*` runs are separated by a required
+# token), and a letter alone on a line is found line by line, not by a MULTILINE `^\s*…\s*$`.
+_AFTER_LETTER = r"(?![A-Za-z0-9_'’])"  # "B" but not "Based", "B2" or "I'm"
+_MARKED = r"\s*(?:(?i:is)\s*)?(?::\s*)?\**([\(\[]?)([A-Ja-j])" + _AFTER_LETTER
+_ANSWER_MARK = re.compile(r"\b(?i:answer)" + _MARKED)  # "The answer is (B)", "Answer: **C**", "answer: d"
+_OPTION_MARK = re.compile(r"\b(?i:option|choice)" + _MARKED)  # "the best option is C"
+_ALONE_AFTER = re.compile(r"[^\S\n]*(?:[\)\]\.:,;!?*]|\n|$)")  # nothing but punctuation after it
+_LEADING = re.compile(r"\s*[\(\[]?([A-J])(?:[\)\]\.:,]|\s|$)")  # "B", "B)", "(B)", "B. iron", "A questioning"
+_LISTED_AFTER = re.compile(r"[\)\]]?\s*(?:,|/|&|\bor\b|\band\b)\s*[\(\[]?[A-J]" + _AFTER_LETTER)  # "A or B"
+_WRAPPER = re.compile(r"\\[A-Za-z]+\{([^{}]*)\}")  # \text{B}, \textbf{B}, \mathrm{B}
+_BOXED_OPTION = re.compile(r"[\(\[]?([A-Ja-j])(?:[\)\]\.:]|$)")
+
+
+def last_boxed(text: str) -> str | None:
+    """The content of the last `\\boxed{...}` (nested braces balanced), or None."""
+    start = text.rfind("\\boxed{")
+    if start < 0:
+        return None
+    depth, i = 1, start + len("\\boxed{")
+    begin = i
+    while i < len(text) and depth:
+        depth += {"{": 1, "}": -1}.get(text[i], 0)
+        i += 1
+    return text[begin : i - 1] if depth == 0 else None
+
+
+def _boxed_letter(answer: str) -> str | None:
+    """`\\boxed{B}`, `\\boxed{\\text{(B)}}`, `\\boxed{B) iron}`: how reasoning models end."""
+    boxed = last_boxed(answer)
+    if boxed is None:
+        return None
+    core = _WRAPPER.sub(r"\1", boxed).strip(" $*\t\n")
+    found = _BOXED_OPTION.match(core)
+    return found.group(1).upper() if found else None
+
+
+def _marked_letter(found: re.Match[str]) -> str | None:
+    """The letter after a marker; a lower-case one only when it cannot be a word: "answer: d" and
+    "answer is (a)" name a letter, "the answer is a drought" does not."""
+    bracket, letter = found.group(1), found.group(2)
+    if letter.islower() and not bracket and not _ALONE_AFTER.match(found.string, found.end()):
+        return None
+    return letter.upper()
+
+
+def _last_answer_mark(answer: str) -> str | None:
+    """The letter of the last "answer is X" / "Answer: X": a worker that corrects itself ends with it."""
+    last = None
+    for found in _ANSWER_MARK.finditer(answer):
+        last = _marked_letter(found) or last
+    return last
+
+
+def _first_option_mark(answer: str) -> str | None:
+    return next((letter for f in _OPTION_MARK.finditer(answer) if (letter := _marked_letter(f))), None)
+
+
+def _leading_letter(answer: str) -> str | None:
+    """The letter the answer starts with, unless a list of letters starts it ("A or B", "B and C are
+    both plausible"): several letters are no choice."""
+    found = _LEADING.match(answer)
+    if found is None or _LISTED_AFTER.match(answer, found.end(1)):
+        return None
+    return found.group(1)
+
+
+def _lone_line_letter(answer: str) -> str | None:
+    """The first line that holds only a letter (markdown stars allowed: "**C**"), or None."""
+    for line in answer.splitlines():
+        core = line.strip().strip("*").strip()
+        if len(core) == 1 and "A" <= core <= "J":
+            return core
+    return None
+
+
+# In order of trust: an explicit final answer wins over a leading word that may be the article "A".
+_CHOICE_READERS = (_boxed_letter, _last_answer_mark, _leading_letter, _first_option_mark, _lone_line_letter)
 
 
 def choice_key(answer: str, letters: str = "ABCDE") -> str | None:
     """The letter chosen, if it is one the query offered: "D", "D)", "(D)", "D. iron", "The answer is
-    D", "Answer: (D)". Words that start with a capital letter ("Based on", "Erin") are not letters."""
-    for pattern in _CHOICE_PATTERNS:
-        found = pattern.search(answer)
-        if found and found.group(1).upper() in letters:
-            return found.group(1).upper()
+    D", "Answer: (D)", "\\boxed{D}". Words that start with a capital letter ("Based on", "Erin") are
+    not letters; an explicit final answer ("… so the answer is B") wins over a leading article ("A
+    drought …"); a lower-case "a" counts only in a marker form ("answer: a", "answer is (a)"); a
+    leading list of letters ("A or B") chooses none."""
+    for reader in _CHOICE_READERS:
+        letter = reader(answer)
+        if letter is not None and letter in letters:
+            return letter
     return None
 
 
@@ -153,8 +232,24 @@ def final_number(text: str) -> str | None:
     return canonical_number(final) if final is not None else None
 
 
-_FENCE = re.compile(r"```[ \t]*(?:python|py|python3)?[ \t]*\r?\n(.*?)```", re.DOTALL | re.IGNORECASE)
+# One `[ \t]*` on each side of the language tag, the second only after a tag: two adjacent runs that
+# could share the same blanks would backtrack quadratically on a fence followed by many spaces.
+_FENCE = re.compile(r"```[ \t]*(?:(?:python3|python|py)[ \t]*)?\r?\n(.*?)```", re.DOTALL | re.IGNORECASE)
 _TAGGED = re.compile(r"\[PYTHON\](.*?)(?:\[/PYTHON\]|$)", re.DOTALL)
+# A function answer is a few KB; a block far longer is not parsed (parsing is not free on the event loop).
+MAX_SOURCE_CHARS = 100_000
+
+
+def parse_python(source: str) -> ast.Module | None:
+    """`source` parsed, or None when it is not Python we can read. Never raises: deep nesting
+    ("-" * 20000 + "1") makes CPython's parser raise MemoryError or RecursionError, not SyntaxError,
+    and a null byte raises ValueError; each is an answer that is not code, not a crash."""
+    if len(source) > MAX_SOURCE_CHARS:
+        return None
+    try:
+        return ast.parse(source)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return None
 
 
 def python_source(answer: str) -> str | None:
@@ -164,11 +259,8 @@ def python_source(answer: str) -> str | None:
     candidates = blocks or [answer]
     for block in candidates:
         source = block.strip("\n")
-        try:
-            tree = ast.parse(source)
-        except SyntaxError:
-            continue
-        if any(isinstance(node, ast.FunctionDef | ast.ClassDef) for node in tree.body):
+        tree = parse_python(source)
+        if tree is not None and any(isinstance(node, ast.FunctionDef | ast.ClassDef) for node in tree.body):
             return source
     return None
 
@@ -209,14 +301,17 @@ def code_key(answer: str) -> str | None:
     source = python_source(answer)
     if source is None:
         return None
-    tree = ast.parse(source)
-    functions = [node for node in tree.body if isinstance(node, ast.FunctionDef)]
+    tree = parse_python(source)
+    functions = [node for node in tree.body if isinstance(node, ast.FunctionDef)] if tree else []
     if not functions:
         return None
     main = functions[0]
     params = [a.arg for a in main.args.args]
-    canonical = _Canonical(main.name, params).visit(main)
-    return ast.unparse(ast.fix_missing_locations(canonical))
+    try:  # the visitor and unparse recurse per nesting level: a 400-term sum exceeds Python's limit
+        canonical = _Canonical(main.name, params).visit(main)
+        return ast.unparse(ast.fix_missing_locations(canonical))
+    except (RecursionError, MemoryError):
+        return None  # no key: it agrees with nobody, as an answer without code
 
 
 _ARTICLES = re.compile(r"\b(a|an|the)\b")

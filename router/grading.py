@@ -4,7 +4,7 @@ One grader per answer type (router/probes), each reading answers the way workers
 
 | type   | reads                                                         | score                        |
 |--------|---------------------------------------------------------------|------------------------------|
-| choice | the chosen letter ("C", "(C)", "The answer is C", "**C**")   | 1 if it is the gold letter   |
+| choice | the chosen letter ("C", "(C)", "The answer is C", "**C**", `\\boxed{C}`) | 1 if it is the gold letter |
 | number | `\\boxed{..}`, else after "Answer:"/"####"/"answer is", else the last number; fractions too | 1 if equal within `rel_tol` |
 | match  | the answer, SQuAD-normalised (case, punctuation, articles)    | 1 if an accepted answer appears in it, else token F1 (`partial: f1`) or 0 |
 | code   | the answer's Python (fenced block, or the whole answer)       | 1 if every test passes, else 0 |
@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from router.answers import choice_key, python_source, span_key
+from router.answers import choice_key, last_boxed, python_source, span_key
 from router.code_behaviour import run_behaviour
 
 if TYPE_CHECKING:
@@ -52,8 +52,9 @@ _BRACKETED = re.compile(r"[\(\[]([A-J])[\)\]]")
 
 def chosen_letter(answer: str, letters: str) -> str | None:
     """The option chosen: router.answers.choice_key on the answer without markdown emphasis
-    ("The answer is: **C**"), else the one offered letter the answer names in brackets ("I'd pick (C)
-    iron"); None when it names none or several."""
+    ("The answer is: **C**", "**Final Answer** \\boxed{C}"), else the one offered letter the answer
+    names in brackets ("I'd pick (C) iron", "The answer is a drought (C)"); None when it names none or
+    several ("A or B")."""
     plain = _MARKDOWN.sub("", answer or "").replace("is:", "is")
     if len(plain.strip(" .\n")) == 1 and plain.strip(" .\n").upper() in letters:
         return plain.strip(" .\n").upper()  # a lone letter, even lower case
@@ -77,7 +78,8 @@ _FRAC = re.compile(r"^(-?)\\[dt]?frac\{\s*(-?\d+(?:\.\d+)?)\s*\}\{\s*(\d+(?:\.\d
 _SHORT_FRAC = re.compile(r"^(-?)\\[dt]?frac(\d)(\d)$")  # \frac32
 _SLASH = re.compile(r"^(-?\d+(?:\.\d+)?)/(\d+(?:\.\d+)?)$")
 _PLAIN = re.compile(r"^[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:e[+-]?\d+)?$", re.IGNORECASE)
-_TEXT = re.compile(r"\\(?:text|mbox|mathrm)\{[^{}]*\}")
+# A unit with its power: "12\\text{ cm}^2" is 12 (square centimetres), not 12^2 and not 2.
+_TEXT = re.compile(r"\\(?:text|mbox|mathrm)\{[^{}]*\}(?:\^\{?\d\}?)?")
 # One number as written in an answer: a LaTeX fraction, a/b, or a decimal with thousands separators.
 _TOKEN = re.compile(
     r"-?\\[dt]?frac\{\s*-?\d+(?:\.\d+)?\s*\}\{\s*\d+(?:\.\d+)?\s*\}"
@@ -89,8 +91,9 @@ _MARKER = re.compile(r"answer\s*(?:is|:)|####", re.IGNORECASE)
 
 def parse_number(text: str) -> float | None:
     """A number as a final answer writes it: "18", "-0.5", "1,234", "$20,000.", "3/4", "\\frac{3}{4}",
-    "\\dfrac32", "45\\%", "12 \\text{cm}"; None when it is something else (an expression, words)."""
-    t = _TEXT.sub("", text or "").strip()
+    "\\dfrac32", "45\\%", "12 \\text{cm}", "12\\text{ cm}^2", "10{,}000", "−5" (Unicode minus); None when
+    it is something else (an expression, words)."""
+    t = _TEXT.sub("", _plain_signs(text or "")).strip()
     for noise in ("\\$", "$", "\\!", "\\,", "\\%", "%", "^\\circ", "^{\\circ}", "\\left", "\\right", "**"):
         t = t.replace(noise, "")
     t = t.replace(",", "").replace(" ", "").rstrip(".").strip("()")
@@ -109,22 +112,16 @@ def parse_number(text: str) -> float | None:
     return None
 
 
-def last_boxed(text: str) -> str | None:
-    """The content of the last `\\boxed{...}` (nested braces balanced), or None."""
-    start = text.rfind("\\boxed{")
-    if start < 0:
-        return None
-    depth, i = 1, start + len("\\boxed{")
-    begin = i
-    while i < len(text) and depth:
-        depth += {"{": 1, "}": -1}.get(text[i], 0)
-        i += 1
-    return text[begin : i - 1] if depth == 0 else None
+def _plain_signs(text: str) -> str:
+    """LaTeX's thousands separator `{,}` (MATH writes 10{,}000) as a comma and the Unicode minus
+    (U+2212) as "-": otherwise a reader sees "000" or "5"."""
+    return text.replace("{,}", ",").replace("\u2212", "-")
 
 
 def final_number(answer: str) -> tuple[str | None, float | None]:
     """The answer's final number as written and its value: a `\\boxed{}` that holds a number, else the
     first number after the last "Answer:"/"answer is"/"####", else the last number in the answer."""
+    answer = _plain_signs(answer)
     boxed = last_boxed(answer)
     if boxed is not None and (value := parse_number(boxed)) is not None:
         return boxed.strip(), value

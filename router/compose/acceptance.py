@@ -20,9 +20,12 @@ import numpy as np
 from router.answers import NUMBER, final_answer
 
 CALC = re.compile(r"<<([^<>=]+)=([^<>]+)>>")
-STATEMENT = re.compile(
-    r"(\d[\d,.]*\s*[-+*/x×]\s*\d[\d,.]*(?:\s*[-+*/x×]\s*\d[\d,.]*)*)\s*=\s*\$?(-?\d[\d,]*\.?\d*)"
-)
+# An `a op b (op c)* = result` statement is read in two linear steps: the longest operator chain from a
+# digit, then `= result` right after it. One regex for both (the chain, then `=`) failed at every
+# digit of a long chain without `=` and rescanned the rest of it: quadratic, seconds on 64 KB.
+_CHAIN = re.compile(r"\d[\d,.]*(?:\s*([-+*/x×])\s*\d[\d,.]*)*")
+_RESULT = re.compile(r"\s*=\s*\$?(-?\d[\d,]*\.?\d*)")
+MAX_EXPRESSION_CHARS = 300  # worked arithmetic is short; a longer chain is not re-evaluated
 HEDGES = (
     "however",
     "actually",
@@ -63,12 +66,30 @@ def _number(text: str) -> float | None:
         return None
 
 
+def statements(answer: str) -> list[tuple[str, str]]:
+    """(expression, claimed result) of each `a op b (op c)* = result` in the answer, e.g. ("16 - 3 - 4",
+    "9"); a chain without an operator ("2023 = ...") is not a statement. Linear in the answer."""
+    found: list[tuple[str, str]] = []
+    at = 0
+    while chain := _CHAIN.search(answer, at):
+        at = chain.end()
+        result = _RESULT.match(answer, at)
+        if result and chain.group(1) is not None:
+            found.append((chain.group(), result.group(1)))
+            at = result.end()
+    return found
+
+
 def _evaluate(expression: str) -> float | None:
-    """Plain arithmetic only (+ - * / and parentheses); anything else is not evaluated."""
+    """Plain arithmetic only (+ - * / and parentheses); anything else is not evaluated. Never raises:
+    an expression longer than MAX_EXPRESSION_CHARS is not evaluated (a 1,100-term chain is too deep for
+    Python's parser and for the recursive walk), and RecursionError/MemoryError count as "not arithmetic"."""
+    if len(expression) > MAX_EXPRESSION_CHARS:
+        return None
     expression = expression.replace("×", "*").replace("x", "*").replace(",", "").replace("$", "")
     try:
         tree = ast.parse(expression.strip(), mode="eval")
-    except SyntaxError:
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
         return None
 
     def walk(node: ast.AST) -> float:
@@ -84,7 +105,7 @@ def _evaluate(expression: str) -> float | None:
 
     try:
         return walk(tree)
-    except (ValueError, ZeroDivisionError, OverflowError):
+    except (ValueError, ZeroDivisionError, OverflowError, RecursionError, MemoryError):
         return None
 
 
@@ -104,7 +125,7 @@ def answer_features(query: str, answer: str) -> np.ndarray:
     lowered = answer.lower()
     lines = [line for line in answer.splitlines() if line.strip()]
     calc_count, calc_wrong = _wrong_share(CALC.findall(answer))
-    stmt_count, stmt_wrong = _wrong_share(STATEMENT.findall(answer))
+    stmt_count, stmt_wrong = _wrong_share(statements(answer))
     question_numbers = {n.replace(",", "").rstrip(".") for n in NUMBER.findall(query)}
     answer_numbers = {n.replace(",", "").rstrip(".") for n in NUMBER.findall(answer)}
     coverage = len(question_numbers & answer_numbers) / len(question_numbers) if question_numbers else 1.0

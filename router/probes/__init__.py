@@ -14,8 +14,10 @@ probes only adds probes, the ones already graded are kept).
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import json
+import math
 import random
 from collections import Counter
 from collections.abc import Iterator
@@ -32,7 +34,7 @@ TYPES: tuple[ProbeType, ...] = ("choice", "number", "match", "code")
 
 
 class ProbeError(ValueError):
-    """A probe file that cannot be used; the message names the file and line."""
+    """A probe file that cannot be used; the message names the file, the line and the probe id."""
 
 
 class Probe(BaseModel):
@@ -53,6 +55,9 @@ class Probe(BaseModel):
 
     @model_validator(mode="after")
     def _gradable(self) -> Probe:
+        """Refuse at load time what router/grading.py could not grade: `calibrate` would pay for the
+        call first and then fail (or score every answer 0) on the probe's own mistake."""
+        _check_grader(self.type, self.grader)
         if self.type == "choice":
             letters = str(self.grader.get("letters", "ABCD"))
             if not isinstance(self.gold, str) or self.gold not in letters or len(self.gold) != 1:
@@ -65,9 +70,77 @@ class Probe(BaseModel):
         elif self.type == "match":
             if not isinstance(self.gold, list) or not any(str(g).strip() for g in self.gold):
                 raise ValueError("a match probe's gold must be a non-empty list of accepted answers")
-        elif not self.tests:
-            raise ValueError("a code probe needs tests (single-line asserts)")
+            from router.answers import span_key  # the grader's own normalisation
+
+            empty = [g for g in self.gold if span_key(str(g)) is None]
+            if empty:
+                raise ValueError(
+                    f"a match probe's accepted answer {empty[0]!r} is empty once normalised "
+                    "(case, punctuation and articles are dropped): nothing could match it"
+                )
+        else:
+            _check_code(self.tests, self.setup)
         return self
+
+
+# The parameters each grader reads (router/grading.py's `grade`); anything else is a typo that would
+# silently fall back to a default.
+_GRADER_KEYS: dict[str, tuple[str, ...]] = {
+    "choice": ("letters",),
+    "number": ("rel_tol",),
+    "match": ("partial",),
+    "code": ("entry_point", "timeout_s", "per_call_s"),
+}
+
+
+def _real(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _check_grader(kind: str, grader: dict[str, Any]) -> None:
+    unknown = sorted(set(grader) - set(_GRADER_KEYS[kind]))
+    if unknown:
+        raise ValueError(
+            f"a {kind} probe's grader does not take {', '.join(map(repr, unknown))} "
+            f"(it takes {', '.join(map(repr, _GRADER_KEYS[kind]))})"
+        )
+    if "letters" in grader:
+        letters = grader["letters"]
+        if (
+            not isinstance(letters, str)
+            or len(letters) < 2
+            or len(set(letters)) != len(letters)
+            or any(c not in "ABCDEFGHIJ" for c in letters)
+        ):
+            raise ValueError(f"grader letters must be two or more distinct letters of A-J, got {letters!r}")
+    if "rel_tol" in grader and not (_real(grader["rel_tol"]) and grader["rel_tol"] >= 0):
+        raise ValueError(f"grader rel_tol must be a number >= 0, got {grader['rel_tol']!r}")
+    if "partial" in grader and grader["partial"] not in ("f1", None):
+        raise ValueError(f'grader partial must be "f1" or null, got {grader["partial"]!r}')
+    for key in ("timeout_s", "per_call_s"):
+        if key in grader and not (_real(grader[key]) and grader[key] > 0):
+            raise ValueError(f"grader {key} must be a number of seconds > 0, got {grader[key]!r}")
+    if "entry_point" in grader and not (
+        isinstance(grader["entry_point"], str) and grader["entry_point"].isidentifier()
+    ):
+        raise ValueError(f"grader entry_point must be a Python name, got {grader['entry_point']!r}")
+
+
+def _check_code(tests: list[str], setup: str | None) -> None:
+    """Each test must be Python holding an assert, and the setup must be Python: otherwise every
+    answer fails (or trivially passes) the probe whatever it says."""
+    from router.answers import parse_python
+
+    if not tests:
+        raise ValueError("a code probe needs tests (single-line asserts)")
+    for test in tests:
+        tree = parse_python(test)
+        if tree is None:
+            raise ValueError(f"a code probe's test is not Python: {test[:80]!r}")
+        if not any(isinstance(node, ast.Assert) for node in tree.body):
+            raise ValueError(f"a code probe's test holds no assert: {test[:80]!r}")
+    if setup is not None and parse_python(setup) is None:
+        raise ValueError("a code probe's setup is not Python")
 
 
 @dataclass(frozen=True)
@@ -142,10 +215,15 @@ def load_probes(path: str | Path | None = None) -> ProbeSet:
         if not line.strip():
             continue
         try:
-            probe = Probe.model_validate(json.loads(line))
-        except (json.JSONDecodeError, ValidationError) as exc:
-            detail = exc.errors()[0]["msg"] if isinstance(exc, ValidationError) else str(exc)
-            raise ProbeError(f"{path}:{number}: not a valid probe: {detail}") from None
+            fields = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ProbeError(f"{path}:{number}: not a valid probe: {exc}") from None
+        try:
+            probe = Probe.model_validate(fields)
+        except ValidationError as exc:
+            named = fields.get("id") if isinstance(fields, dict) else None
+            which = f" {named!r}" if isinstance(named, str) and named else ""
+            raise ProbeError(f"{path}:{number}: not a valid probe{which}: {exc.errors()[0]['msg']}") from None
         if probe.id in seen:
             raise ProbeError(f"{path}:{number}: probe id {probe.id!r} appears twice")
         seen.add(probe.id)
