@@ -9,23 +9,60 @@ asserts (MBPP's "Your code should pass these tests") are run too: a pass share p
 The sandbox: one child interpreter for all answers (`python -P -s -S -B`: stdlib only, no site, no user
 paths, no current directory on sys.path, no inherited environment: PATH and PYTHONHASHSEED=0 only, so
 set reprs are reproducible from run to run — `-I` would ignore PYTHONHASHSEED) in a fresh temporary
-directory; limits on memory (1 GiB address space), CPU, open files, file size and
-processes (the last is ignored when running as root), set by the child itself before any answer runs
-(a `preexec_fn` is unsafe in a threaded parent such as the gateway); a timer per top-level statement
-and per call (an answer that timed out twice is not called again); the whole process group is killed
-at `timeout_s`, and when the child is done. The answers' prints go to a discarding sink and the result
-to a private copy of stdout, so nothing an answer writes can corrupt it. Whatever an answer
-does (syntax errors, loops, `sys.exit()`, recursion or memory bombs) ends as its own "!Exc" outputs;
-if the child dies as a whole (say `os._exit`, a segfault), every answer gets None and callers fall back
-to `code_key`.
+directory of its own.
+
+Who runs the answers. The child's environment is clean, but a process of the same uid can read this
+process's /proc/<pid>/environ, where the workers' API keys are, and send them out (the network is
+reachable). So when this process is root, the child becomes nobody/nogroup (SANDBOX_UID, no
+supplementary groups) before any answer runs. It switches itself, after it has started, rather than
+being started so (Popen's `user=`): the interpreter may sit where nobody cannot reach it (a pyenv under
+/root, mode 0700); the directories of its import path nobody cannot read stay reachable through
+descriptors it opened before switching. If it cannot switch (a user namespace without uid 65534, no
+CAP_SETUID), no answer runs and the log says why. When this process is not root, the child has its uid,
+and this process makes itself non-dumpable (prctl PR_SET_DUMPABLE 0, once, on its first run; Linux only,
+best effort): a same-uid child can then not read its /proc/<pid>/environ. What that costs: no debugger
+or py-spy can attach to this process, it writes no core dump, and tools of the same user can no longer
+read its /proc/<pid>/ files (environ, fd, maps). Other processes of that user (the shell or supervisor
+that started it, with the same keys in their environment) stay readable: to keep keys from answers,
+run as root or as a user of its own.
+
+Limits on memory (1 GiB address space), CPU, open files, file size and processes (none: an answer can
+neither fork nor start a thread; the kernel ignores this limit for root, one more reason the child does
+not stay root), set by the child itself before any answer runs (a `preexec_fn` is unsafe in a threaded
+parent such as the gateway); a timer per top-level statement and per call (an answer that timed out
+twice is not called again); the whole process group is killed at `timeout_s`, and whenever the child is
+done however it ended (a process that left the group with setsid would escape it, but none can be
+made). The parent waits for the child's exit, not for the end of its output, which a process it forked
+could hold open.
+
+The answers' prints go to a discarding sink and the result to a private copy of stdout, behind a nonce
+the parent sends on stdin and the harness keeps out of the answers' reach (not in `__main__`, not on
+stdin once read): anything else written there, say a result an answer made up, makes the run count as
+died. The harness judges with builtins and functions it bound before any answer ran, so an answer that
+rebinds `exec` or patches `json` changes nothing. Each output is the `repr` of the result, whole up to
+OUTPUT_CHARS characters, else its start and the sha256 of all of it: outputs that differ anywhere give
+different keys. An assert `assert <expression> == <literal>` is judged on builtin data: the result is
+read through the builtin types' own methods (a Counter as the dict it holds, a namedtuple as its tuple)
+and compared with builtin equality, so an object whose `__eq__` always says yes fails; a result of any
+other type (a Fraction, a Decimal) fails such an assert even where Python's `==` would say equal. Other
+asserts run as written. Whatever an answer does (syntax errors, loops, `sys.exit()`, recursion or memory
+bombs) ends as its own "!Exc" outputs; if the child dies as a whole (say `os._exit`, a segfault), every
+answer gets None and callers fall back to `code_key`.
+
+Harvesting the inputs runs in this process (the gateway's worker thread, the offline evaluator), not in
+the child, so its work is bounded whatever the answers hold: a literal is measured before it is built
+(at most MAX_ARG_CHARS of source, MAX_DEPTH deep, MAX_SUBSTITUTIONS names put in), each answer's harvest
+visits or builds at most HARVEST_NODES AST nodes, what does not fit is skipped, and it never raises.
 
 Offline (router/offline/code_runs.py) each answer is instead run alone by `run_outcomes`, every call
 made and the calls made twice in opposite orders; :meth:`Outcomes.behaviour` then applies the give-up
 rule to any subset of the inputs, so a replay needs no child per plan state.
 
 What it does NOT guarantee: this is not a security boundary against a malicious answer. The network and
-the filesystem are reachable, answers share one interpreter and may tamper with each other. The gateway
-runs it only when the operator enables it.
+the world-readable filesystem are reachable; answers share one interpreter and may tamper with each
+other; the answers of concurrent runs share a uid (nobody, or this process's) and can signal each
+other's children; an answer that inspects the harness's frames or memory (sys._getframe, gc, ctypes)
+can still find the nonce and forge its result. The gateway runs it only when the operator enables it.
 """
 
 from __future__ import annotations
@@ -34,24 +71,39 @@ import ast
 import asyncio
 import builtins
 import contextlib
-import copy
+import functools
 import hashlib
 import json
+import logging
 import os
 import re
+import secrets
+import selectors
 import signal
 import subprocess
 import sys
 import tempfile
+import time
+from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from router.answers import code_key, python_source
 
-MAX_ARG_CHARS = 2000
+MAX_ARG_CHARS = 2000  # a harvested argument tuple's source, at most
+MAX_DEPTH = 50  # a harvested literal's nesting, at most (deeper ones would recurse deep in ast)
+MAX_SUBSTITUTIONS = 100  # uses of `name = literal` names put into one harvested literal, at most
+HARVEST_NODES = 50_000  # AST nodes the harvest may visit or build per answer: its work whatever it holds
+OUTPUT_CHARS = 4000  # an output's repr kept whole up to this; longer: its start and a sha256 of all of it
+MAX_RESULT_BYTES = 32 << 20  # what the child may send; more and the run counts as failed
 GIVE_UP_AFTER = 2  # an answer that timed out this often is not called again (the rest count as timeouts)
+SANDBOX_UID = SANDBOX_GID = 65534  # nobody / nogroup: who runs the answers when this process is root
 _ENV = {"PATH": "/usr/bin:/bin", "PYTHONHASHSEED": "0"}
+_PR_SET_DUMPABLE = 4  # linux/prctl.h
+_POLL_S = 0.05  # how often the child's exit is polled where there is no pidfd
+_REAP_S = 10.0  # waiting for a killed child, at most
+_log = logging.getLogger(__name__)
 _FENCE = re.compile(r"```[ \t]*(?:python|py|python3)?[ \t]*\r?\n(.*?)```", re.DOTALL | re.IGNORECASE)
 _TESTS = re.compile(r"\[TESTS\](.*?)(?:\[/TESTS\]|$)", re.DOTALL)
 _BUILTINS = frozenset(dir(builtins))
@@ -145,53 +197,117 @@ def prompt_asserts(query: str) -> list[str]:
     return found
 
 
+@dataclass(slots=True)
+class _Budget:
+    """AST nodes the harvest may still visit or build for one answer (or the prompt). The harvest runs
+    in the caller (the gateway's worker thread, the offline evaluator), not in the sandbox: its work
+    must be bounded by this, not by the size an answer's literals would take once substituted."""
+
+    left: int = HARVEST_NODES
+
+    def spend(self, nodes: int) -> bool:
+        self.left -= nodes
+        return self.left >= 0
+
+
+@dataclass(frozen=True, slots=True)
+class _Literal:
+    """A literal harvested from an answer (a call's arguments, or a name's value): its source and its
+    nesting depth."""
+
+    source: str
+    depth: int
+
+
 class _Resolve(ast.NodeTransformer):
     """Replaces names bound by earlier `name = literal` statements with their literal."""
 
-    def __init__(self, env: dict[str, ast.expr]) -> None:
+    def __init__(self, env: dict[str, _Literal]) -> None:
         self.env = env
 
     def visit_Name(self, node: ast.Name) -> ast.AST:
-        return copy.deepcopy(self.env[node.id]) if node.id in self.env else node
+        return ast.parse(self.env[node.id].source, mode="eval").body if node.id in self.env else node
 
 
-def _literal_source(node: ast.expr, max_chars: int | None = MAX_ARG_CHARS) -> str | None:
-    """`node` as source when `ast.literal_eval` accepts it and it is not too long, else None."""
-    source = ast.unparse(node)
-    if max_chars is not None and len(source) > max_chars:
-        return None
+def _measure(
+    nodes: Sequence[ast.expr], env: dict[str, _Literal], budget: _Budget
+) -> tuple[int, int, int] | None:
+    """The source length (a lower bound: one character per expression node, plus each substituted
+    literal's source), depth and number of substitutions `nodes` will have once `env`'s literals
+    stand in for their names; None, before anything is built, when they would exceed MAX_ARG_CHARS,
+    MAX_DEPTH or MAX_SUBSTITUTIONS, or the budget is spent. An argument that names a 2,000-character
+    list 1,600 times is refused at its second name, not built."""
+    chars = substitutions = deepest = 0
+    stack = [(node, 1) for node in nodes]
+    while stack:
+        node, depth = stack.pop()
+        if not budget.spend(1):
+            return None
+        if isinstance(node, ast.Name) and node.id in env:
+            literal = env[node.id]
+            chars, substitutions, depth = (
+                chars + len(literal.source),
+                substitutions + 1,
+                depth + literal.depth - 1,
+            )
+        else:
+            chars += isinstance(node, ast.expr)
+            stack.extend((child, depth + 1) for child in ast.iter_child_nodes(node))
+        deepest = max(deepest, depth)
+        if chars > MAX_ARG_CHARS or deepest > MAX_DEPTH or substitutions > MAX_SUBSTITUTIONS:
+            return None
+    return chars, deepest, substitutions
+
+
+def _resolved(
+    nodes: Sequence[ast.expr], env: dict[str, _Literal], budget: _Budget, *, as_tuple: bool
+) -> _Literal | None:
+    """`nodes` with `env`'s literals substituted, as one literal (`as_tuple`: the tuple of them, a
+    call's arguments) within the bounds of :func:`_measure`; None when it is not one. Never raises:
+    an input that cannot be harvested is skipped."""
     try:
-        ast.literal_eval(source)
-    except Exception:
+        measured = _measure(nodes, env, budget)
+        if measured is None or not budget.spend(measured[0]):  # building it costs about its size
+            return None
+        chars, depth, substitutions = measured
+        if substitutions:  # on a copy (the answer's tree is still being walked)
+            nodes = [_Resolve(env).visit(ast.parse(ast.unparse(node), mode="eval").body) for node in nodes]
+        node = ast.Tuple(elts=list(nodes), ctx=ast.Load()) if as_tuple else nodes[0]
+        source = ast.unparse(node)
+        if len(source) > MAX_ARG_CHARS:
+            return None
+        ast.literal_eval(source)  # raises when it is not a literal
+    except Exception:  # RecursionError, MemoryError, ValueError: not a literal we can use
         return None
-    return source
+    return _Literal(source, depth)
 
 
-def _calls(statements: Sequence[ast.stmt], names: frozenset[str]) -> Iterator[str]:
-    """Literal argument tuples of calls to `names`, top-level `if` bodies included (`__main__` guards)."""
-    env: dict[str, ast.expr] = {}
-    pending = list(statements)
-    while pending:
-        stmt = pending.pop(0)
+def _calls(statements: Sequence[ast.stmt], names: frozenset[str], budget: _Budget) -> Iterator[str]:
+    """Literal argument tuples of calls to `names`, top-level `if` bodies included (`__main__` guards),
+    as far as `budget` goes."""
+    env: dict[str, _Literal] = {}
+    pending = deque(statements)
+    while pending and budget.left > 0:
+        stmt = pending.popleft()
         if isinstance(stmt, ast.If):
-            pending[:0] = [*stmt.body, *stmt.orelse]
+            pending.extendleft(reversed([*stmt.body, *stmt.orelse]))
             continue
         for node in ast.walk(stmt):
             if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in names):
                 continue
             if node.keywords or any(isinstance(a, ast.Starred) for a in node.args):
                 continue  # keyword or starred calls: which parameter gets what is not known
-            args = [_Resolve(env).visit(copy.deepcopy(a)) for a in node.args]
-            if all(len(ast.unparse(a)) <= MAX_ARG_CHARS for a in args):
-                source = _literal_source(ast.Tuple(elts=args, ctx=ast.Load()), max_chars=None)
-                if source is not None:
-                    yield source
+            args = _resolved(node.args, env, budget, as_tuple=True)
+            if args is not None:
+                yield args.source
         if isinstance(stmt, ast.Assign | ast.AnnAssign) and stmt.value is not None:
             targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
             for target in targets:
                 if isinstance(target, ast.Name):
-                    value = _Resolve(env).visit(copy.deepcopy(stmt.value))
-                    if len(targets) == 1 and _literal_source(value) is not None:
+                    value = (
+                        _resolved([stmt.value], env, budget, as_tuple=False) if len(targets) == 1 else None
+                    )
+                    if value is not None:
                         env[target.id] = value
                     else:
                         env.pop(target.id, None)
@@ -205,23 +321,38 @@ def harvest_inputs(query: str, answers: Sequence[str], limit: int = 12) -> list[
     names = {n for a in asserts if (n := _called_name(a))}
     sources = [python_source(a) for a in answers]
     names |= {n for s in sources if (n := _main_name(s))}
-    blocks = ["\n".join(asserts)]
+    blocks = [("\n".join(asserts), _Budget())]
     for answer, source in zip(answers, sources, strict=True):
         if source is not None:  # a JavaScript answer's calls are not Python calls
-            blocks += [source, *_FENCE.findall(answer), *_TESTS.findall(answer)]
+            budget = _Budget()  # one per answer, shared by its blocks: however many fences it has
+            blocks += [
+                (block, budget) for block in [source, *_FENCE.findall(answer), *_TESTS.findall(answer)]
+            ]
     found: list[str] = []
-    for block in blocks:
-        for args in _calls(_statements(block), frozenset(names)):
-            if args not in found:
-                found.append(args)
-                if len(found) >= limit:
-                    return found
+    for block, budget in blocks:
+        with contextlib.suppress(Exception):  # never raises: what a block cannot give is skipped
+            for args in _calls(_statements(block), frozenset(names), budget):
+                if args not in found:
+                    found.append(args)
+                    if len(found) >= limit:
+                        return found
     return found
 
 
 # ---- the sandbox ---------------------------------------------------------------------------------
-_CHILD = r"""
-import ast, copy, functools, io, json, os, resource, signal, sys
+# The harness runs in the child with a private copy of the builtins as its globals' `__builtins__`, and
+# binds the module functions it calls after an answer ran before any answer runs: an answer that
+# rebinds a builtin or a module's attribute (exec, json, signal, `__main__`) changes nothing here.
+_HARNESS = r"""
+import ast, builtins, copy, functools, hashlib, io, json, os, resource, signal, sys
+
+answer_builtins = builtins  # the real module: what the answers see and may change
+parse, Module, Expression, Assert, Compare, Eq = ast.parse, ast.Module, ast.Expression, ast.Assert, ast.Compare, ast.Eq
+literal_eval, deepcopy, partial, sha256 = ast.literal_eval, copy.deepcopy, functools.partial, hashlib.sha256
+setitimer, ITIMER_REAL, set_handler, SIGALRM, SIGKILL = (signal.setitimer, signal.ITIMER_REAL, signal.signal,
+                                                         signal.SIGALRM, signal.SIGKILL)
+encode_str, write, exit_now, killpg = json.encoder.encode_basestring_ascii, os.write, os._exit, os.killpg
+setrecursionlimit, StringIO = sys.setrecursionlimit, io.StringIO
 
 class Timeout(BaseException):  # not an Exception: an answer's `except Exception` must not swallow it
     pass
@@ -234,21 +365,75 @@ class Sink(io.TextIOBase):  # the answers' prints: discarded, not kept in memory
     def write(self, text): return len(text)
 
 def guarded(fn, seconds):
-    signal.setitimer(signal.ITIMER_REAL, seconds)
+    setitimer(ITIMER_REAL, seconds)
     try:
         return fn()
     finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
+        setitimer(ITIMER_REAL, 0)
 
-def run(source, main, inputs, asserts, per_call, give_up):
-    signal.signal(signal.SIGALRM, alarm)  # undo what an earlier answer may have changed
-    sys.setrecursionlimit(1000)
-    sys.stdout = sys.stderr = Sink()
-    sys.stdin = io.StringIO()
-    ns, failure = {"__name__": "__answer__"}, None
-    for stmt in ast.parse(source).body:  # statement by statement: a failing example hides no function
+def shown(value, limit):  # the repr, whole up to `limit` characters, else its start and a digest of all
+    text = str.__str__(repr(value))  # an exact str, whatever __repr__ returned
+    if len(text) <= limit:
+        return text
+    return text[:limit] + "...sha256:" + sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+SCALARS = (bool, int, float, complex, str, bytes, type(None))
+
+def plain(value):  # builtin data, read through the builtin types' own methods; TypeError for any other
+    kind = type(value)
+    for scalar in SCALARS:
+        if kind is scalar:
+            return value
+    if issubclass(kind, int):
+        return int.__index__(value)
+    if issubclass(kind, float):
+        return float.__float__(value)
+    if issubclass(kind, complex):
+        return complex(complex.real.__get__(value), complex.imag.__get__(value))
+    if issubclass(kind, str):
+        return str.__str__(value)
+    if issubclass(kind, bytes):
+        return bytes.__getitem__(value, slice(None))
+    if issubclass(kind, list):
+        return [plain(item) for item in list.__iter__(value)]
+    if issubclass(kind, tuple):
+        return tuple([plain(item) for item in tuple.__iter__(value)])
+    if issubclass(kind, dict):  # Counter, OrderedDict, defaultdict: compared as the dict they hold
+        return {plain(key): plain(item) for key, item in dict.items(value)}
+    if issubclass(kind, frozenset):
+        return frozenset([plain(item) for item in frozenset.__iter__(value)])
+    if issubclass(kind, set):
+        return {plain(item) for item in set.__iter__(value)}
+    raise TypeError("not builtin data")
+
+def split(code):  # `assert <expression> == <literal>` (either side): the expression compiled, the value
+    try:
+        (stmt,) = parse(code).body
+    except Exception:
+        return None
+    test = getattr(stmt, "test", None)
+    if type(stmt) is not Assert or type(test) is not Compare or len(test.ops) != 1 or type(test.ops[0]) is not Eq:
+        return None
+    for actual, expected in ((test.left, test.comparators[0]), (test.comparators[0], test.left)):
         try:
-            guarded(functools.partial(exec, compile(ast.Module([stmt], []), "<answer>", "exec"), ns), per_call)
+            return compile(Expression(actual), "<assert>", "eval"), literal_eval(expected)
+        except Exception:
+            continue
+    return None
+
+def check(expression, expected, ns):  # builtin equality: an object whose __eq__ says yes does not pass
+    if not plain(eval(expression, ns)) == expected:
+        raise AssertionError
+
+def run(source, main, inputs, asserts, per_call, give_up, output_chars):
+    set_handler(SIGALRM, alarm)  # undo what an earlier answer may have changed
+    setrecursionlimit(1000)
+    sys.stdout = sys.stderr = Sink()
+    sys.stdin = StringIO()
+    ns, failure = {"__name__": "__answer__", "__builtins__": answer_builtins}, None
+    for stmt in parse(source).body:  # statement by statement: a failing example hides no function
+        try:
+            guarded(partial(exec, compile(Module([stmt], []), "<answer>", "exec"), ns), per_call)
         except BaseException as exc:
             failure = failure or type(exc).__name__
     fn = ns.get(main) if main else None
@@ -260,18 +445,21 @@ def run(source, main, inputs, asserts, per_call, give_up):
         try:
             if give_up is not None and timeouts >= give_up:  # a looping answer is not given every call's time
                 raise Timeout
-            outputs.append(guarded(lambda: repr(fn(*copy.deepcopy(args)))[:300], per_call))
+            outputs.append(guarded(lambda: shown(fn(*deepcopy(args)), output_chars), per_call))
             timed_out.append(False)
         except BaseException as exc:
             timeouts += isinstance(exc, Timeout)
             outputs.append("!" + type(exc).__name__)
             timed_out.append(isinstance(exc, Timeout))
-    for name, code in asserts:
+    for name, code, typed in asserts:
         try:
             if give_up is not None and timeouts >= give_up:
                 raise Timeout
             ns[name or "_"] = fn
-            guarded(functools.partial(exec, code, ns), per_call)  # compiled here: a bad one just fails
+            if typed is None:
+                guarded(partial(exec, code, ns), per_call)  # compiled here: a bad one just fails
+            else:
+                guarded(partial(check, typed[0], typed[1], ns), per_call)
             passed += 1
             verdicts.append("pass")
         except BaseException as exc:
@@ -279,38 +467,106 @@ def run(source, main, inputs, asserts, per_call, give_up):
             verdicts.append("timeout" if isinstance(exc, Timeout) else "fail")
     return {"outputs": outputs, "passed": passed, "timed_out": timed_out, "asserts": verdicts}
 
-def run_both(source, main, inputs, asserts, per_call, give_up, reverse):
-    result = run(source, main, inputs, asserts, per_call, give_up)
+def run_both(source, main, inputs, asserts, per_call, give_up, output_chars, reverse):
+    result = run(source, main, inputs, asserts, per_call, give_up, output_chars)
     if reverse:  # again in a fresh namespace, the calls in the opposite order
-        result["reverse"] = run(source, main, inputs[::-1], asserts[::-1], per_call, give_up)
+        result["reverse"] = run(source, main, inputs[::-1], asserts[::-1], per_call, give_up, output_chars)
     return result
 
-job = json.loads(sys.stdin.buffer.read())
-result_fd = os.dup(1)  # non-inheritable: nothing an answer spawns can write to it
-devnull = os.open(os.devnull, os.O_WRONLY)
-os.dup2(devnull, 1)
-for name, soft, hard in [("AS", 1 << 30, 1 << 30), ("CPU", job["cpu_s"], job["cpu_s"] + 1), ("NOFILE", 32, 32),
-                         ("FSIZE", 1 << 20, 1 << 20), ("NPROC", 0, 0)]:
+def drop(uid, gid):  # become uid/gid for good, no supplementary groups; a reason when that fails
+    held = {}  # the import path, reachable through descriptors opened now when uid may not read it
+    for path in sys.path:
+        try:
+            held.setdefault(path, os.open(path, os.O_RDONLY | os.O_DIRECTORY))
+        except OSError:
+            pass
     try:
-        resource.setrlimit(getattr(resource, "RLIMIT_" + name), (soft, hard))
-    except (AttributeError, ValueError, OSError):
-        pass
-inputs, results = [ast.literal_eval(i) for i in job["inputs"]], []
-for source, main in zip(job["sources"], job["mains"]):
+        os.setgroups([])
+        os.setgid(gid)
+        os.setuid(uid)
+    except OSError as exc:
+        return f"cannot switch to uid {uid} / gid {gid}: {exc}"
+    if os.getresuid() != (uid, uid, uid) or os.getresgid() != (gid, gid, gid) or os.getgroups():
+        return f"still holds other ids after switching to uid {uid} / gid {gid}"
+    paths = []
+    for path in sys.path:
+        fd = held.pop(path, None)
+        if fd is not None and not os.access(path, os.R_OK | os.X_OK):
+            paths.append(f"/proc/self/fd/{fd}")
+        else:
+            paths.append(path)
+            if fd is not None:
+                os.close(fd)
+    for fd in held.values():
+        os.close(fd)
+    sys.path[:] = paths
+    sys.path_importer_cache.clear()
+    return None
+
+def dump(value):  # JSON of the harness's own result, by exact type, without json's patchable encoder
+    kind = type(value)
+    if kind is str:
+        return encode_str(value)
+    if kind is bool:
+        return "true" if value else "false"
+    if kind is int:
+        return int.__repr__(value)
+    if value is None:
+        return "null"
+    if kind is list:
+        return "[" + ",".join([dump(item) for item in value]) + "]"
+    if kind is dict:
+        return "{" + ",".join([encode_str(key) + ":" + dump(item) for key, item in value.items()]) + "}"
+    raise TypeError("not part of a result")
+
+def send(fd, nonce, message):  # the nonce first: without it the parent takes nothing
+    data = memoryview(nonce + b"\n" + dump(message).encode("ascii"))
+    while data:
+        data = data[write(fd, data):]
+
+def main():
+    nonce, _, job = sys.stdin.buffer.read().partition(b"\n")  # the nonce lives in this frame only
+    job = json.loads(job)
+    result_fd = os.dup(1)  # non-inheritable: nothing an answer spawns can write to it
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)
+    if job["drop_to"] is not None:
+        refused = drop(*job["drop_to"])
+        if refused is not None:
+            send(result_fd, nonce, {"error": refused})
+            exit_now(0)
+    for name, soft, hard in [("AS", 1 << 30, 1 << 30), ("CPU", job["cpu_s"], job["cpu_s"] + 1),
+                             ("NOFILE", 32, 32), ("FSIZE", 1 << 20, 1 << 20), ("NPROC", 0, 0)]:
+        try:
+            resource.setrlimit(getattr(resource, "RLIMIT_" + name), (soft, hard))
+        except (AttributeError, ValueError, OSError):
+            pass
+    asserts = [(name, code, split(code)) for name, code in job["asserts"]]
+    inputs = [literal_eval(i) for i in job["inputs"]]
+    settings = (job["per_call_s"], job["give_up"], job["output_chars"], job["reverse"])
+    answers = list(zip(job["sources"], job["mains"]))
+    del job
+    results = []
+    for source, name in answers:
+        try:
+            results.append(None if source is None else run_both(source, name, inputs, asserts, *settings))
+        except BaseException:
+            results.append(None)
+    send(result_fd, nonce, {"results": results})
     try:
-        results.append(None if source is None else run_both(source, main, inputs, job["asserts"], job["per_call_s"],
-                                                            job["give_up"], job["reverse"]))
-    except BaseException:
-        results.append(None)
-with open(result_fd, "w", encoding="utf-8") as out:
-    out.write(json.dumps({"results": results}))
-try:
-    os.killpg(0, signal.SIGKILL)  # with whatever an answer spawned (its own process group)
-finally:
-    os._exit(0)  # no atexit handler or thread an answer left behind runs
+        killpg(0, SIGKILL)  # with whatever an answer spawned (its own process group)
+    finally:
+        exit_now(0)  # no atexit handler or thread an answer left behind runs
+
+main()
 """
+_BOOT = (
+    "import builtins\n"
+    f"exec(compile({_HARNESS!r}, '<harness>', 'exec'), "
+    "{'__builtins__': dict(vars(builtins)), '__name__': '__harness__'})"
+)
 # -I without -E: the environment is ours (_ENV), and PYTHONHASHSEED in it must be honoured.
-_COMMAND = (sys.executable, "-P", "-s", "-S", "-B", "-c", _CHILD)
+_COMMAND = (sys.executable, "-P", "-s", "-S", "-B", "-c", _BOOT)
 # Its own session (killpg ends what it spawned too), no inherited environment, stderr discarded.
 _SPAWN: dict[str, Any] = {
     "stdin": subprocess.PIPE,
@@ -330,35 +586,33 @@ def _job(
     *,
     give_up: int | None = GIVE_UP_AFTER,
     reverse: bool = False,
-) -> bytes | None:
-    """The child's stdin; None when there is nothing to run (no Python, or neither inputs nor asserts).
+) -> dict[str, Any] | None:
+    """The child's job; None when there is nothing to run (no Python, or neither inputs nor asserts).
     `give_up`: timeouts after which an answer is not called again (None: every call is made);
     `reverse`: run each answer a second time, fresh, with the calls in the opposite order."""
     if all(s is None for s in sources) or not (inputs or asserts):
         return None
     targets = [n for a in asserts if (n := _called_name(a))]
-    return json.dumps(
-        {
-            "sources": list(sources),
-            "mains": [_main_name(s, targets) for s in sources],
-            "inputs": list(inputs),
-            "asserts": [[_called_name(a), a] for a in asserts],
-            "per_call_s": per_call_s,
-            "cpu_s": int(timeout_s) + 1,
-            "give_up": give_up,
-            "reverse": reverse,
-        }
-    ).encode()
+    return {
+        "sources": list(sources),
+        "mains": [_main_name(s, targets) for s in sources],
+        "inputs": list(inputs),
+        "asserts": [[_called_name(a), a] for a in asserts],
+        "per_call_s": per_call_s,
+        "cpu_s": int(timeout_s) + 1,
+        "give_up": give_up,
+        "reverse": reverse,
+        "output_chars": OUTPUT_CHARS,
+    }
 
 
 def _parse(
-    stdout: bytes | None, sources: Sequence[str | None], inputs: Sequence[str], asserts: Sequence[str]
+    results: list[Any] | None, sources: Sequence[str | None], inputs: Sequence[str], asserts: Sequence[str]
 ) -> list[Behaviour | None]:
-    """The child's answer as one Behaviour per source; all None if it is missing or malformed."""
+    """The child's results as one Behaviour per source; all None if they are missing or malformed."""
     behaviours: list[Behaviour | None] = []
     try:
-        results = json.loads(stdout or b"")["results"]
-        for result in results:
+        for result in results or []:
             outputs = None if result is None else tuple(str(o) for o in result["outputs"])
             if outputs is not None and len(outputs) != len(inputs):
                 raise ValueError("an output per input")
@@ -374,23 +628,142 @@ def _kill(pid: int) -> None:
         os.killpg(pid, signal.SIGKILL)  # the child leads its own process group
 
 
-def _communicate(job: bytes, timeout_s: float) -> bytes | None:
-    """The child's stdout for `job`; None if it could not start or did not finish within `timeout_s`."""
-    with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as cwd:
+@functools.cache
+def _undumpable() -> bool:
+    """Makes this process non-dumpable (prctl PR_SET_DUMPABLE 0), once: its /proc/<pid>/environ, where
+    a worker's API keys are, can then not be read by a child of the same uid. Linux only, best effort;
+    the cost (no debugger or py-spy attaches, no core dump) is in the module docstring."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        import ctypes
+
+        done = ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        done = False
+    if not done:
+        _log.warning(
+            "code sandbox: could not make this process non-dumpable; a code answer may read its environment"
+        )
+    return done
+
+
+@functools.cache
+def _warn_once(message: str) -> None:
+    _log.warning("code sandbox: %s; no code answer is run", message)
+
+
+def _pidfd(pid: int) -> int | None:
+    """A descriptor that becomes readable when `pid` exits (Linux 5.3+); None where there is none."""
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        return None
+
+
+def _drain(fd: int, into: bytearray) -> bool:
+    """Reads what non-blocking `fd` holds now into `into` (stopping past MAX_RESULT_BYTES); False at
+    end of file."""
+    while len(into) <= MAX_RESULT_BYTES:
         try:
-            proc = subprocess.Popen(_COMMAND, cwd=cwd, **_SPAWN)
+            chunk = os.read(fd, 1 << 16)
+        except BlockingIOError:
+            return True
+        if not chunk:
+            return False
+        into += chunk
+    return True
+
+
+def _exchange(proc: subprocess.Popen[bytes], message: bytes, timeout_s: float) -> bytes | None:
+    """Sends `message` to the child's stdin and returns what it wrote to stdout by the time it exited;
+    None when it did not exit within `timeout_s` or wrote more than MAX_RESULT_BYTES. The end is the
+    child's exit, not the end of its stdout: a process it forked may hold that pipe open for as long
+    as it lives."""
+    assert proc.stdin is not None and proc.stdout is not None
+    deadline = time.monotonic() + timeout_s
+    pending, received = memoryview(message), bytearray()
+    stdin, stdout = proc.stdin.fileno(), proc.stdout.fileno()
+    os.set_blocking(stdin, False)
+    os.set_blocking(stdout, False)
+    exits = _pidfd(proc.pid)
+    with selectors.DefaultSelector() as selector:
+        selector.register(stdin, selectors.EVENT_WRITE)
+        selector.register(stdout, selectors.EVENT_READ)
+        if exits is not None:
+            selector.register(exits, selectors.EVENT_READ)
+        try:
+            while (left := deadline - time.monotonic()) > 0:
+                ready = {
+                    key.fd for key, _ in selector.select(left if exits is not None else min(left, _POLL_S))
+                }
+                if stdin in ready:
+                    try:
+                        pending = pending[os.write(stdin, pending) :]
+                    except BlockingIOError:
+                        pass
+                    except OSError:  # it stopped reading (it exited): what is left is not needed
+                        pending = pending[:0]
+                    if not pending:
+                        selector.unregister(stdin)
+                        proc.stdin.close()
+                if stdout in ready and not _drain(stdout, received):
+                    selector.unregister(stdout)  # end of file: the exit is still what ends the wait
+                if len(received) > MAX_RESULT_BYTES:
+                    return None
+                if (exits in ready) if exits is not None else proc.poll() is not None:
+                    _drain(stdout, received)  # all it wrote before it exited is in the pipe
+                    return bytes(received) if len(received) <= MAX_RESULT_BYTES else None
+            return None
+        finally:
+            if exits is not None:
+                os.close(exits)
+
+
+def _results(job: dict[str, Any], timeout_s: float, command: Sequence[str] = _COMMAND) -> list[Any] | None:
+    """The child's results for `job` (one per source); None if it could not start, did not exit within
+    `timeout_s`, died, or what it wrote does not start with this run's nonce (an answer wrote to the
+    result descriptor). `command` is the child (tests run other children through the same exchange).
+    As root the child becomes SANDBOX_UID before any answer runs; else this process is made
+    non-dumpable. The child's whole process group is killed when it is done, however it ended."""
+    as_root = os.geteuid() == 0
+    if not as_root:
+        _undumpable()
+    nonce = secrets.token_hex(16).encode()
+    drop_to = [SANDBOX_UID, SANDBOX_GID] if as_root else None
+    message = nonce + b"\n" + json.dumps({**job, "drop_to": drop_to}).encode()
+    with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as cwd:
+        if as_root:
+            try:
+                os.chown(cwd, SANDBOX_UID, SANDBOX_GID)  # its working directory is its own
+            except OSError as exc:
+                _warn_once(f"cannot give uid {SANDBOX_UID} its working directory: {exc}")
+                return None
+        try:
+            proc = subprocess.Popen(command, cwd=cwd, **_SPAWN)
         except OSError:
             return None
-        stdout: bytes | None = None
         try:
-            stdout, _ = proc.communicate(job, timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            stdout = None
+            sent = _exchange(proc, message, timeout_s)
         finally:
-            if proc.poll() is None:  # timed out or interrupted: the child must not outlive the call
-                _kill(proc.pid)
-                proc.communicate()
-    return stdout
+            _kill(proc.pid)  # always: what it spawned must not outlive it, even when it exited by itself
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=_REAP_S)
+            for stream in (proc.stdin, proc.stdout):
+                if stream is not None:
+                    with contextlib.suppress(OSError):
+                        stream.close()
+    if sent is None or not sent.startswith(nonce + b"\n"):
+        return None
+    try:
+        reply = json.loads(sent[len(nonce) + 1 :])
+    except ValueError:
+        return None
+    if isinstance(reply, dict) and "error" in reply:
+        _warn_once(str(reply["error"]))
+        return None
+    results = reply.get("results") if isinstance(reply, dict) else None
+    return results if isinstance(results, list) else None
 
 
 def run_behaviour(
@@ -407,7 +780,7 @@ def run_behaviour(
     job = _job(sources, inputs, asserts, timeout_s, per_call_s)
     if job is None:
         return [None] * len(sources)
-    return _parse(_communicate(job, timeout_s), sources, inputs, asserts)
+    return _parse(_results(job, timeout_s), sources, inputs, asserts)
 
 
 def run_outcomes(
@@ -428,8 +801,11 @@ def run_outcomes(
     job = _job([source], inputs, asserts, timeout_s, per_call_s, give_up=None, reverse=True)
     if job is None:  # neither inputs nor asserts: nothing to observe
         return Outcomes(tuple(inputs), (), (), ())
+    results = _results(job, timeout_s)
+    if results is None:  # the child died, ran out of time, or refused to run
+        return None
     try:
-        (result,) = json.loads(_communicate(job, timeout_s) or b"")["results"]
+        (result,) = results
         forward, backward = result, result["reverse"]
         outputs = tuple(str(o) for o in forward["outputs"])
         timed_out = tuple(bool(t) for t in forward["timed_out"])
@@ -442,7 +818,7 @@ def run_outcomes(
             or tuple(str(v) for v in backward["asserts"])[::-1] != verdicts
         ):
             return None
-    except Exception:  # missing or malformed: the child died
+    except Exception:  # malformed
         return None
     return Outcomes(tuple(inputs), outputs, timed_out, verdicts)
 

@@ -197,7 +197,7 @@ def test_outputs_are_reprs_or_exception_names() -> None:
     inputs = ["([],)", "([],)", "([2],)"]
     assert run_behaviour(sources, inputs) == [
         Behaviour(("[1]", "[1]", "[2, 1]"), None),
-        Behaviour(("!ZeroDivisionError", "!ZeroDivisionError", repr("x" * 1000)[:300]), None),
+        Behaviour(("!ZeroDivisionError", "!ZeroDivisionError", repr("x" * 1000)), None),
         Behaviour(("!exec:ZeroDivisionError",) * 3, None),
         None,
     ]
