@@ -34,6 +34,30 @@ def invoke(*args: object, env: dict[str, str] | None = None) -> Result:
     return CliRunner().invoke(app, [str(a) for a in args], env={"COLUMNS": "400", **(env or {})})
 
 
+def train_cascade(*args: object) -> Result:
+    """`polyroute router train --strategy cascade ARGS...`"""
+    return invoke("router", "train", "--strategy", "cascade", *args)
+
+
+def eval_candidate(
+    root: Path, version: str, ledger: Path, *args: object, env: dict[str, str] | None = None
+) -> Result:
+    """`polyroute router eval --from-ledger --candidate VERSION --router-dir ROOT --ledger FILE ARGS...`"""
+    return invoke(
+        "router",
+        "eval",
+        "--from-ledger",
+        "--candidate",
+        version,
+        "--router-dir",
+        root,
+        "--ledger",
+        ledger,
+        *args,
+        env=env,
+    )
+
+
 def refused(result: Result, code: int, message: str) -> None:
     """Exit `code` with `message` (line wrapping ignored), and no traceback."""
     assert result.exit_code == code, result.output
@@ -83,7 +107,9 @@ def gsm8k(tmp_path: Path) -> Path:
     return root
 
 
-def train_ledger(ledger_dir: Path, root: Path, *extra: object, env: dict[str, str] | None = None) -> Result:
+def train_ledger(
+    ledger_dir: Path, root: Path, *extra: object, model: str = "logreg", env: dict[str, str] | None = None
+) -> Result:
     return invoke(
         "router",
         "train",
@@ -91,7 +117,7 @@ def train_ledger(ledger_dir: Path, root: Path, *extra: object, env: dict[str, st
         "--data-dir",
         ledger_dir,
         "--model",
-        "logreg",
+        model,
         "--router-dir",
         root,
         *extra,
@@ -105,11 +131,7 @@ def train_ledger(ledger_dir: Path, root: Path, *extra: object, env: dict[str, st
 def test_cascade_routellm_takes_the_documented_map_and_the_catalog_tiers(tmp_path, gsm8k, catalog):
     """The cascade path named Mixtral `mistralai/Mixtral-8x7B-Instruct-v0.1`, so docs/router.md's
     `--map mixtral-8x7b=...` did nothing; and it never read the catalog, so it had no tier priors."""
-    result = invoke(
-        "router",
-        "train",
-        "--strategy",
-        "cascade",
+    result = train_cascade(
         "--dataset",
         "routellm",
         "--data",
@@ -254,18 +276,7 @@ def test_eval_from_ledger_reads_POLYROUTE_WORKERS_FILE(tmp_path, candidate, cata
     records, _ = logged_ledger(60, seed=5)
     ledger = tmp_path / "ledger.jsonl"
     ledger.write_text("".join(json.dumps(r) + "\n" for r in records))
-    args = (
-        "router",
-        "eval",
-        "--from-ledger",
-        "--candidate",
-        version,
-        "--router-dir",
-        root,
-        "--ledger",
-        ledger,
-    )
-    result = invoke(*args, env={"POLYROUTE_WORKERS_FILE": str(catalog)})
+    result = eval_candidate(root, version, ledger, env={"POLYROUTE_WORKERS_FILE": str(catalog)})
     assert result.exit_code == 0, result.output
     assert "60 logged requests" in " ".join(result.output.split())
 
@@ -285,21 +296,7 @@ def test_eval_out_is_strict_json_when_no_logged_choice_is_the_candidates(tmp_pat
     ledger = tmp_path / "ledger.jsonl"
     ledger.write_text("".join(lines))
     out = tmp_path / "report.json"
-    result = invoke(
-        "router",
-        "eval",
-        "--from-ledger",
-        "--candidate",
-        version,
-        "--router-dir",
-        root,
-        "--ledger",
-        ledger,
-        "--workers-file",
-        catalog,
-        "--out",
-        out,
-    )
+    result = eval_candidate(root, version, ledger, "--workers-file", catalog, "--out", out)
     assert result.exit_code == 0, result.output
 
     def refuse(token: str) -> None:
@@ -372,27 +369,13 @@ def test_status_reports_a_damaged_current_json_after_the_versions(tmp_path, ledg
     ("model", "stage"), [("ensemble", "fitting the ensemble"), ("mf", "fitting mf on all rows")]
 )
 def test_every_model_shows_its_fits(tmp_path, ledger_dir, model, stage):
-    result = invoke(
-        "router",
-        "train",
-        "--from-ledger",
-        "--data-dir",
-        ledger_dir,
-        "--model",
-        model,
-        "--router-dir",
-        tmp_path / "r",
-    )
+    result = train_ledger(ledger_dir, tmp_path / "r", model=model)
     assert result.exit_code == 0, result.output
     assert stage in result.output and "fits" in result.output, result.output
 
 
 def test_cascade_training_shows_its_fits_and_prior_folds(tmp_path, gsm8k):
-    result = invoke(
-        "router",
-        "train",
-        "--strategy",
-        "cascade",
+    result = train_cascade(
         "--dataset",
         "routellm",
         "--data",
@@ -435,11 +418,7 @@ def test_a_worker_without_scores_is_named(tmp_path):
                     *(str(2 * i) for _ in workers),
                 ]
             )
-    result = invoke(
-        "router",
-        "train",
-        "--strategy",
-        "cascade",
+    result = train_cascade(
         "--format",
         "routerbench",
         "--train",
