@@ -58,6 +58,10 @@ Offline (router/offline/code_runs.py) each answer is instead run alone by `run_o
 made and the calls made twice in opposite orders; :meth:`Outcomes.behaviour` then applies the give-up
 rule to any subset of the inputs, so a replay needs no child per plan state.
 
+Whole programs run in the same child too, by `run_script`: the builder's tests (a worker's draft and
+the request's asserts, router/compose/builder.py) as `__main__`, with the same flags, environment,
+uid, limits and group kill; its exit status and last stderr line are what the caller gets.
+
 What it does NOT guarantee: this is not a security boundary against a malicious answer. The network and
 the world-readable filesystem are reachable; answers share one interpreter and may tamper with each
 other; the answers of concurrent runs share a uid (nobody, or this process's) and can signal each
@@ -104,7 +108,9 @@ _PR_SET_DUMPABLE = 4  # linux/prctl.h
 _POLL_S = 0.05  # how often the child's exit is polled where there is no pidfd
 _REAP_S = 10.0  # waiting for a killed child, at most
 _log = logging.getLogger(__name__)
-_FENCE = re.compile(r"```[ \t]*(?:python|py|python3)?[ \t]*\r?\n(.*?)```", re.DOTALL | re.IGNORECASE)
+# One run of blanks on each side of the language tag (two adjacent `[ \t]*` were quadratic in a long run
+# of blanks); the same strings as router/answers.py's fence.
+_FENCE = re.compile(r"```[ \t]*(?:(?:python3|python|py)[ \t]*)?\r?\n(.*?)```", re.DOTALL | re.IGNORECASE)
 _TESTS = re.compile(r"\[TESTS\](.*?)(?:\[/TESTS\]|$)", re.DOTALL)
 _BUILTINS = frozenset(dir(builtins))
 
@@ -499,6 +505,14 @@ def drop(uid, gid):  # become uid/gid for good, no supplementary groups; a reaso
                 os.close(fd)
     for fd in held.values():
         os.close(fd)
+    # Packages imported before the switch (collections, encodings) keep their own search paths: point
+    # those the new uid cannot read at the same descriptors, or `import collections.abc` fails.
+    moved = [(old, new) for old, new in zip(sys.path, paths) if old != new]
+    for module in list(sys.modules.values()):
+        search = getattr(module, "__path__", None)
+        if type(search) is list:
+            search[:] = [next((new + entry[len(old):] for old, new in moved
+                               if entry == old or entry.startswith(old + "/")), entry) for entry in search]
     sys.path[:] = paths
     sys.path_importer_cache.clear()
     return None
@@ -524,12 +538,7 @@ def send(fd, nonce, message):  # the nonce first: without it the parent takes no
     while data:
         data = data[write(fd, data):]
 
-def main():
-    nonce, _, job = sys.stdin.buffer.read().partition(b"\n")  # the nonce lives in this frame only
-    job = json.loads(job)
-    result_fd = os.dup(1)  # non-inheritable: nothing an answer spawns can write to it
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, 1)
+def confine(job, result_fd, nonce):  # who the child is and what it may use, before untrusted code runs
     if job["drop_to"] is not None:
         refused = drop(*job["drop_to"])
         if refused is not None:
@@ -541,6 +550,14 @@ def main():
             resource.setrlimit(getattr(resource, "RLIMIT_" + name), (soft, hard))
         except (AttributeError, ValueError, OSError):
             pass
+
+def main():
+    nonce, _, job = sys.stdin.buffer.read().partition(b"\n")  # the nonce lives in this frame only
+    job = json.loads(job)
+    result_fd = os.dup(1)  # non-inheritable: nothing an answer spawns can write to it
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)
+    confine(job, result_fd, nonce)
     asserts = [(name, code, split(code)) for name, code in job["asserts"]]
     inputs = [literal_eval(i) for i in job["inputs"]]
     settings = (job["per_call_s"], job["give_up"], job["output_chars"], job["reverse"])
@@ -558,15 +575,39 @@ def main():
     finally:
         exit_now(0)  # no atexit handler or thread an answer left behind runs
 
-main()
+def run_script():  # a whole script as __main__ (run_script below): its stderr is what the parent reads
+    nonce, _, job = sys.stdin.buffer.read().partition(b"\n")
+    job = json.loads(job)
+    out = os.dup(1)  # non-inheritable until it becomes the script's stderr
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)  # the script's prints: discarded
+    confine(job, out, nonce)
+    text = job["script"]
+    del nonce, job
+    os.dup2(out, 2)
+    os.close(out)
+    code = compile(text, "check.py", "exec")  # a syntax error is the script's own traceback
+    module = type(sys)("__main__")
+    module.__builtins__ = answer_builtins
+    sys.modules["__main__"] = module
+    sys.argv[:] = ["check.py"]
+    exec(code, vars(module))  # what it raises ends this interpreter as it would end `python check.py`
 """
-_BOOT = (
-    "import builtins\n"
-    f"exec(compile({_HARNESS!r}, '<harness>', 'exec'), "
-    "{'__builtins__': dict(vars(builtins)), '__name__': '__harness__'})"
-)
+
+
+def _boot(entry: str) -> str:
+    """The child's `-c` code: the harness in a namespace of its own, then its function `entry`."""
+    return (
+        "import builtins\n"
+        f"exec(compile({_HARNESS + entry + '()' + chr(10)!r}, '<harness>', 'exec'), "
+        "{'__builtins__': dict(vars(builtins)), '__name__': '__harness__'})"
+    )
+
+
+_BOOT = _boot("main")
 # -I without -E: the environment is ours (_ENV), and PYTHONHASHSEED in it must be honoured.
 _COMMAND = (sys.executable, "-P", "-s", "-S", "-B", "-c", _BOOT)
+_SCRIPT_COMMAND = (*_COMMAND[:-1], _boot("run_script"))
 # Its own session (killpg ends what it spawned too), no inherited environment, stderr discarded.
 _SPAWN: dict[str, Any] = {
     "stdin": subprocess.PIPE,
@@ -720,12 +761,15 @@ def _exchange(proc: subprocess.Popen[bytes], message: bytes, timeout_s: float) -
                 os.close(exits)
 
 
-def _results(job: dict[str, Any], timeout_s: float, command: Sequence[str] = _COMMAND) -> list[Any] | None:
-    """The child's results for `job` (one per source); None if it could not start, did not exit within
-    `timeout_s`, died, or what it wrote does not start with this run's nonce (an answer wrote to the
-    result descriptor). `command` is the child (tests run other children through the same exchange).
-    As root the child becomes SANDBOX_UID before any answer runs; else this process is made
-    non-dumpable. The child's whole process group is killed when it is done, however it ended."""
+def _converse(
+    job: dict[str, Any], timeout_s: float, command: Sequence[str]
+) -> tuple[bytes, bytes | None, int | None] | None:
+    """Runs `command` as the sandbox child on `job`, sent after a fresh nonce on its stdin: as root the
+    child becomes SANDBOX_UID before any untrusted code runs (it is told to, in the job); else this
+    process is made non-dumpable. The child's whole process group is killed when it is done, however
+    it ended. Returns the nonce, what the child wrote to stdout by the time it exited (None when it did
+    not exit within `timeout_s` or wrote more than MAX_RESULT_BYTES) and its exit status (None if it
+    was not reaped); None when it could not start."""
     as_root = os.geteuid() == 0
     if not as_root:
         _undumpable()
@@ -753,6 +797,18 @@ def _results(job: dict[str, Any], timeout_s: float, command: Sequence[str] = _CO
                 if stream is not None:
                     with contextlib.suppress(OSError):
                         stream.close()
+    return nonce, sent, proc.returncode
+
+
+def _results(job: dict[str, Any], timeout_s: float, command: Sequence[str] = _COMMAND) -> list[Any] | None:
+    """The child's results for `job` (one per source); None if it could not start, did not exit within
+    `timeout_s`, died, or what it wrote does not start with this run's nonce (an answer wrote to the
+    result descriptor). `command` is the child (tests run other children through the same exchange).
+    Who runs it and how it ends: :func:`_converse`."""
+    child = _converse(job, timeout_s, command)
+    if child is None:
+        return None
+    nonce, sent, _ = child
     if sent is None or not sent.startswith(nonce + b"\n"):
         return None
     try:
@@ -764,6 +820,35 @@ def _results(job: dict[str, Any], timeout_s: float, command: Sequence[str] = _CO
         return None
     results = reply.get("results") if isinstance(reply, dict) else None
     return results if isinstance(results, list) else None
+
+
+def run_script(text: str, timeout_s: float) -> tuple[int | None, str]:
+    """`text` run whole as a Python script (`__main__`, stdlib only) in the answers' sandbox child:
+    the same flags, environment, limits, uid and process-group kill (see the module docstring), for
+    worker-written code run as a program rather than called function by function (the builder's
+    tests, router/compose/builder.py). Returns its exit status and the last line it wrote to stderr
+    (a traceback's last line; "" when none). The status is None when it did not run to its end, and
+    the line then says why: "did not finish in N s", or "could not be run: ..."."""
+    started = time.monotonic()
+    child = _converse({"script": text, "cpu_s": int(timeout_s) + 1}, timeout_s, _SCRIPT_COMMAND)
+    if child is None:
+        return None, "could not be run: the sandbox child did not start"
+    nonce, sent, status = child
+    if sent is None:
+        if time.monotonic() - started >= timeout_s:
+            return None, f"did not finish in {timeout_s:g} s"
+        return None, f"could not be run: it wrote more than {MAX_RESULT_BYTES >> 20} MiB to stderr"
+    if sent.startswith(nonce + b"\n"):  # the child refused before the script ran (it could not switch)
+        try:
+            reason = str(json.loads(sent[len(nonce) + 1 :])["error"])
+        except (ValueError, TypeError, KeyError):
+            reason = "the sandbox child refused"
+        _warn_once(reason)
+        return None, f"could not be run: {reason}"
+    if status is None:
+        return None, "could not be run: the sandbox child was not reaped"
+    lines = sent.decode("utf-8", "replace").strip().splitlines()
+    return status, lines[-1] if lines else ""
 
 
 def run_behaviour(

@@ -9,10 +9,14 @@ One grader per answer type (router/probes), each reading answers the way workers
 | match  | the answer, SQuAD-normalised (case, punctuation, articles)    | 1 if an accepted answer appears in it, else token F1 (`partial: f1`) or 0 |
 | code   | the answer's Python (fenced block, or the whole answer)       | 1 if every test passes, else 0 |
 
-Code runs in router/code_behaviour.py's sandbox: a separate `python -I -S -B` interpreter in a fresh
-temporary directory, with limits on memory, CPU, files and processes, a timer per statement and a
-kill of its whole process group at the timeout. An answer that loops, crashes or exits scores 0.
-It is a guard against mistakes, not a security boundary (see that module).
+Code runs in router/code_behaviour.py's sandbox: a separate `python -P -s -S -B` interpreter (stdlib
+only, no site or user paths, not the current directory) with a clean environment (PATH and
+PYTHONHASHSEED only), in a fresh temporary directory, with limits on memory, CPU, open files, file
+size and processes (none: no fork, no thread), a timer per statement and a kill of its whole process
+group at the timeout. As root it runs as nobody; otherwise this process makes itself non-dumpable, so
+that a child of its uid cannot read its environment (the workers' keys). An answer that loops,
+crashes or exits scores 0. It is a guard against mistakes and casual snooping, not a security
+boundary against a determined answer (see that module).
 
 Pure functions; reading an answer never raises (a grader that cannot read an answer scores it 0
 and says so in `detail`). Shared readers (choice letters, span normalisation, Python extraction)

@@ -84,6 +84,18 @@ def test_as_root_the_answers_own_directory_is_writable_and_imports_work() -> Non
     assert _only_output(source) == "(['scratch.txt'], [1], 3)"
 
 
+@needs_root
+def test_as_root_an_answer_imports_submodules_of_packages_loaded_before_the_switch() -> None:
+    """collections, encodings … were imported by the child as root; their search paths must follow it
+    to nobody, or the many MBPP answers that start `from typing import List` fail as a whole."""
+    source = (
+        "from typing import List\nfrom collections.abc import Iterable\nimport dataclasses, json\n"
+        "def f(xs: List[int]):\n"
+        "    return (isinstance(xs, Iterable), json.dumps(dataclasses.asdict(dataclasses.make_dataclass('P', ['x'])(1))))"
+    )
+    assert _only_output(source, ([1],)) == repr((True, '{"x": 1}'))
+
+
 DRIVER = r"""
 import json, os, sys, types
 # router/__init__ imports the ML stack; the sandbox needs only router.code_behaviour and router.answers.

@@ -2,20 +2,20 @@
 
 The builder is the best-ranked worker, the verifier the next one (a different model catches
 different mistakes; the same one if the pool has one). When the request carries tests for code
-(`metadata.tests`: Python source using assert), the draft's code is run against them in a
-separate Python process with a timeout, and the result is part of the critique. The builder
-revises in the client's conversation (its system prompt included: the revision is the answer). Bounded rounds;
-the draft ends when the verifier approves and the tests pass, or rounds run out (last draft kept).
+(`metadata.tests`: Python source using assert), the draft's code is run against them with a
+timeout, and the result is part of the critique. The draft is worker-written code, so it runs in the
+code sandbox's child (router/code_behaviour.run_script), never with this process's environment (the
+workers' API keys), uid or unlimited resources. The builder revises in the client's conversation
+(its system prompt included: the revision is the answer). Bounded rounds; the draft ends when the
+verifier approves and the tests pass, or rounds run out (last draft kept).
 """
 
 from __future__ import annotations
 
 import asyncio
 import re
-import sys
-import tempfile
-from pathlib import Path
 
+from router.code_behaviour import run_script
 from router.compose.base import CeilingReached, Outcome, Run, StepFailed, user_turn
 
 CRITIQUE_PROMPT = (
@@ -36,27 +36,17 @@ def extract_code(text: str) -> str:
 
 
 async def run_tests(code: str, tests: str, timeout_s: float = TEST_TIMEOUT_S) -> tuple[bool, str]:
-    """Run the draft's code then the tests in an isolated interpreter (-I: no site, no env paths)."""
-    with tempfile.TemporaryDirectory(prefix="polyroute-tests-") as tmp:
-        script = Path(tmp) / "check.py"
-        script.write_text(code + "\n\n" + tests + "\n", encoding="utf-8")
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-I",
-            str(script),
-            cwd=tmp,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-        )
-        try:
-            _, err = await asyncio.wait_for(proc.communicate(), timeout_s)
-        except TimeoutError:
-            proc.kill()
-            await proc.wait()
-            return False, f"the tests did not finish in {timeout_s:g} s"
-    if proc.returncode == 0:
+    """Runs the draft's code, then the tests, as one script in the code sandbox's child (stdlib only, a
+    clean environment, resource limits, nobody when this process is root, its process group killed at
+    the end; router/code_behaviour.py): the draft may be hostile, and this process holds the workers'
+    keys. Whether they passed, and why not: the last line of the traceback, or that they did not
+    finish in `timeout_s`. The child blocks a thread, not the event loop."""
+    status, line = await asyncio.to_thread(run_script, code + "\n\n" + tests + "\n", timeout_s)
+    if status is None:
+        return False, f"the tests {line}"
+    if status == 0:
         return True, "all tests passed"
-    return False, err.decode("utf-8", "replace").strip().splitlines()[-1][:500] if err else "tests failed"
+    return False, line[:500] or "tests failed"
 
 
 class BuilderVerifier:

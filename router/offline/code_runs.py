@@ -44,8 +44,9 @@ from router.code_behaviour import (
 )
 
 EVERY_INPUT = 10_000  # no limit when harvesting for the table: each state applies its own
-VERSION = 3  # 1: all answers in one child, give-up rule applied on the union of inputs; 2: outputs cut to
-# 300 characters, asserts judged by the answer's own ==
+VERSION = 4  # 1: all answers in one child, give-up rule applied on the union of inputs; 2: outputs cut to
+# 300 characters, asserts judged by the answer's own ==; 3: as root, packages imported before the switch
+# to nobody could not import their submodules (`from collections.abc import ...`, `typing`)
 PER_STATE_TIMEOUT_S = 10.0  # an answer replayed per state: its own child's limit (live: 5 s for all)
 
 
