@@ -16,13 +16,12 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import time
-from pathlib import Path
 
 import pytest
 
 from router.code_behaviour import SANDBOX_UID
 from router.compose import run_tests
+from tests.test_sandbox_hardening import _ended, _running
 
 AS_ROOT = os.geteuid() == 0
 needs_root = pytest.mark.skipif(not AS_ROOT, reason="the draft runs as nobody only when this process is root")
@@ -65,24 +64,6 @@ def test_as_root_the_draft_runs_as_nobody_without_groups() -> None:
 
 
 # ---- 3. nothing outlives the run -------------------------------------------------------------------
-def _running(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    return state not in ("Z", "X")
-
-
-def _ended(pid: int, within_s: float = 30.0) -> bool:
-    """Whether `pid` is gone, waiting for a kill to land (generously: the machine may be loaded)."""
-    deadline = time.monotonic() + within_s
-    while _running(pid):
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
-
-
 FORKS_A_SLEEPER = """
 import os, time
 try:
