@@ -4,8 +4,8 @@
 planner runs the answer-aware plan (router/compose/planned.py: after each round, call another worker
 or stop), and one without may choose a cascade when its predicted utility beats the best single
 worker (router/compose/choose.py).
-A workflow draws only from the admissible pool, in the router's order; a request with tools (or a
-tool_choice that asks for a tool call), or a pool of one worker, is answered in fast mode and says
+A workflow draws only from the admissible pool, in the router's order; a request with tools, or a
+pool of one worker, is answered in fast mode and says
 so (`x-polyroute-compose`), as is, under auto, one whose workflow could not start within its
 ceiling. The whole workflow reserves its cost ceiling on the tenant's budget up front and settles
 the actual total; each step is checked against that ceiling before it runs. Nothing is sent before
@@ -68,7 +68,6 @@ __all__ = [
     "WORKFLOWS",
     "Composition",
     "degraded_trace",
-    "forces_tool_call",
     "plan",
     "requested_workflow",
     "respond",
@@ -185,14 +184,6 @@ async def _planned(
     )
 
 
-def forces_tool_call(chat: ChatCompletionRequest) -> bool:
-    """Whether the request's tool_choice asks for a tool call (`required`, a named function; from
-    Anthropic, `any` and `tool`). A workflow's steps send no tools, so it could not be honoured there:
-    such a request is served as one with tools is. `auto` and `none` without tools ask for nothing a
-    workflow does not already do."""
-    return chat.tool_choice is not None and chat.tool_choice not in ("auto", "none")
-
-
 def _cannot_start(
     state, chat: ChatCompletionRequest, admission, recalled, pool: tuple[Worker, ...], workflow: str
 ) -> Composition | None:
@@ -241,7 +232,7 @@ async def plan(
     weight = route.cost_weight if route.cost_weight is not None else settings.cost_weight
     planner = getattr(router, "planner", None) if router.name == "learned" else None
     if forced is None:
-        if chat.model != "auto" or router.name != "learned" or chat.tools or forces_tool_call(chat):
+        if chat.model != "auto" or router.name != "learned" or chat.tools:
             return Composition()
         if planner is not None and settings.compose_plan:
             # exploration sends this one to an under-observed worker; a quality target (min_quality)
@@ -281,12 +272,6 @@ async def plan(
     if chat.tools:
         return Composition(
             note=f"degraded: {forced} does not take tools; answered in fast mode", requested=forced
-        )
-    if forces_tool_call(chat):
-        return Composition(
-            note=f"degraded: {forced} does not take tool_choice (it asks for a tool call); answered in "
-            "fast mode",
-            requested=forced,
         )
     if len(decision.workers) < 2:
         return Composition(

@@ -147,6 +147,18 @@ class ChatCompletionRequest(BaseModel):
     parallel_tool_calls: StrictBool | None = None
     response_format: dict[str, Any] | None = None
 
+    @model_validator(mode="after")
+    def _tool_choice_needs_tools(self) -> ChatCompletionRequest:
+        """A tool_choice that asks for a tool call (`required`, a named function; Anthropic's `any` and
+        `tool` arrive as these) with no tools to call is refused, as OpenAI refuses it: litellm would
+        drop it and the client would get text it did not ask for. `auto` and `none` ask for nothing."""
+        if not self.tools and self.tool_choice is not None and self.tool_choice not in ("auto", "none"):
+            raise ValueError(
+                f"tool_choice {self.tool_choice!r} asks for a tool call, but the request has no tools: "
+                "give tools, or tool_choice auto or none"
+            )
+        return self
+
     @field_validator("tools")
     @classmethod
     def _tools_shape(cls, tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:

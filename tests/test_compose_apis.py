@@ -314,35 +314,35 @@ def test_the_conversation_keeps_the_replaced_turns_images():
 
 
 # ---- 4. a tool_choice a workflow cannot honour ------------------------------------------------------
-def test_a_tool_choice_without_tools_is_served_as_a_request_with_tools(pgw, gateway, upstream):
-    """A workflow's steps send no tools, so a tool_choice that asks for a tool call is served as a
-    request with tools is: compose:<name> degrades to fast mode and says so, auto takes fast mode."""
+def test_a_tool_choice_that_asks_for_a_call_without_tools_is_refused_on_every_api(pgw, gateway, upstream):
+    """A tool_choice that asks for a tool call with no tools to call is a 400 in each API's own shape,
+    as OpenAI answers it (litellm would drop it, and the client would get text it did not ask for);
+    no worker is called. `auto` and `none` ask for nothing: the workflow runs."""
     behave_all(upstream, dict.fromkeys(WORKERS, "A"))
-    named = post(
+    upstream.requests.clear()
+    messages = post(
         pgw,
         "/messages",
         {"model": "compose:plan", "max_tokens": 20, "tool_choice": {"type": "any"}, "messages": MESSAGES_Q},
     )
-    assert named.status_code == 200, named.text
-    assert named.headers["x-polyroute-strategy"] == "fast"
-    assert named.headers["x-polyroute-compose"].startswith("degraded: plan does not take tool_choice")
-    assert named.json()["polyroute"]["trace"]["degraded"] is True
-    auto = post(
+    assert messages.status_code == 400, messages.text
+    assert messages.json()["error"]["type"] == "invalid_request_error"
+    assert "asks for a tool call" in messages.json()["error"]["message"]
+    responses = post(
         pgw,
         "/responses",
         {"model": "auto", "max_output_tokens": 20, "tool_choice": "required", "input": QUESTION},
     )
-    assert auto.status_code == 200, auto.text
-    assert auto.headers["x-polyroute-strategy"] == "fast" and "x-polyroute-plan" not in auto.headers
+    assert responses.status_code == 400, responses.text
+    assert "asks for a tool call" in responses.json()["error"]["message"]
     function = {"type": "function", "function": {"name": "lookup"}}
-    ensemble = post(
-        gateway,
-        "/chat/completions",
-        {"model": "compose:ensemble", "messages": MESSAGES_Q, "tool_choice": function},
-    )
-    assert ensemble.status_code == 200, ensemble.text
-    assert ensemble.headers["x-polyroute-compose"].startswith("degraded: ensemble does not take tool_choice")
-    # auto and none ask for nothing a workflow does not do: the workflow runs
+    for model in ("compose:ensemble", "auto"):
+        chat = post(
+            gateway, "/chat/completions", {"model": model, "messages": MESSAGES_Q, "tool_choice": function}
+        )
+        assert chat.status_code == 400, chat.text
+        assert chat.json()["error"]["type"] == "invalid_request_error"
+    assert list(upstream.requests) == []
     plain = post(
         pgw,
         "/chat/completions",
