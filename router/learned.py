@@ -115,14 +115,23 @@ class LearnedRouter:
         * else its tier's mean quality if training saw that tier, else the worst known worker's
           prediction (pessimistic, as for a base model).
         """
-        worst = min(known.values()) if known else 0.5
+        rule = self._prior_rule(worker)
+        if rule == "public tier":
+            return float(np.mean([known[name] for name in self._tier_columns[worker.tier.value]]))
+        if rule == "tier mean":
+            return self.artifact.tier_prior[worker.tier.value]
+        return min(known.values()) if known else 0.5
+
+    def _prior_rule(self, worker: Worker) -> str:
+        """Which of :meth:`_prior`'s rules applies to ``worker``: "base model", "public tier", "tier
+        mean" or "worst known" (one decision for the estimate and for what /admin/router says of it)."""
         if worker.local is not None and not worker.local.instruct:
-            return worst
-        tiers = self._tier_columns.get(worker.tier.value)
-        if tiers:
-            return float(np.mean([known[name] for name in tiers]))
-        prior = self.artifact.tier_prior.get(worker.tier.value)
-        return worst if prior is None else prior
+            return "base model"
+        if self._tier_columns.get(worker.tier.value):
+            return "public tier"
+        if worker.tier.value in self.artifact.tier_prior:
+            return "tier mean"
+        return "worst known"
 
     def basis(self, worker: Worker) -> dict:
         """What this router's estimate for ``worker`` rests on, for the model card and /admin/router:
@@ -147,14 +156,14 @@ class LearnedRouter:
 
     def _prior_source(self, worker: Worker) -> str:
         """What :meth:`_prior` rests on for ``worker``, in words."""
-        if worker.local is not None and not worker.local.instruct:
-            return "the worst known worker's quality for each query (a base model)"
-        tiers = self._tier_columns.get(worker.tier.value)
-        if tiers:
+        rule = self._prior_rule(worker)
+        if rule == "public tier":
+            tiers = self._tier_columns[worker.tier.value]
             return f"the mean of {len(tiers)} public {worker.tier.value} models for each query"
-        if worker.tier.value in self.artifact.tier_prior:
+        if rule == "tier mean":
             return "the tier's mean quality"
-        return "the worst known worker's quality for each query"
+        worst = "the worst known worker's quality for each query"
+        return f"{worst} (a base model)" if rule == "base model" else worst
 
     def estimates(self, request: RouteRequest, pool: list[Worker]) -> list[Estimate]:
         quality = self.predict_quality(request.text, request.turns)
