@@ -234,7 +234,7 @@ def final_number(text: str) -> str | None:
 
 # One `[ \t]*` on each side of the language tag, the second only after a tag: two adjacent runs that
 # could share the same blanks would backtrack quadratically on a fence followed by many spaces.
-_FENCE = re.compile(r"```[ \t]*(?:(?:python3|python|py)[ \t]*)?\r?\n(.*?)```", re.DOTALL | re.IGNORECASE)
+FENCE = re.compile(r"```[ \t]*(?:(?:python3|python|py)[ \t]*)?\r?\n(.*?)```", re.DOTALL | re.IGNORECASE)
 _TAGGED = re.compile(r"\[PYTHON\](.*?)(?:\[/PYTHON\]|$)", re.DOTALL)
 # A function answer is a few KB; a block far longer is not parsed (parsing is not free on the event loop).
 MAX_SOURCE_CHARS = 100_000
@@ -255,7 +255,7 @@ def parse_python(source: str) -> ast.Module | None:
 def python_source(answer: str) -> str | None:
     """The Python code of an answer: fenced or [PYTHON]-tagged blocks, else the answer itself when it
     parses; None when no Python is found (a JavaScript answer to a Python task is not Python)."""
-    blocks = _FENCE.findall(answer) or _TAGGED.findall(answer)
+    blocks = FENCE.findall(answer) or _TAGGED.findall(answer)
     candidates = blocks or [answer]
     for block in candidates:
         source = block.strip("\n")

@@ -90,10 +90,10 @@ import tempfile
 import time
 from collections import deque
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from router.answers import code_key, python_source
+from router.answers import FENCE, code_key, python_source
 
 MAX_ARG_CHARS = 2000  # a harvested argument tuple's source, at most
 MAX_DEPTH = 50  # a harvested literal's nesting, at most (deeper ones would recurse deep in ast)
@@ -108,9 +108,6 @@ _PR_SET_DUMPABLE = 4  # linux/prctl.h
 _POLL_S = 0.05  # how often the child's exit is polled where there is no pidfd
 _REAP_S = 10.0  # waiting for a killed child, at most
 _log = logging.getLogger(__name__)
-# One run of blanks on each side of the language tag (two adjacent `[ \t]*` were quadratic in a long run
-# of blanks); the same strings as router/answers.py's fence.
-_FENCE = re.compile(r"```[ \t]*(?:(?:python3|python|py)[ \t]*)?\r?\n(.*?)```", re.DOTALL | re.IGNORECASE)
 _TESTS = re.compile(r"\[TESTS\](.*?)(?:\[/TESTS\]|$)", re.DOTALL)
 _BUILTINS = frozenset(dir(builtins))
 
@@ -135,12 +132,16 @@ class Outcomes:
     outputs: tuple[str, ...]  # per input, as in Behaviour
     timed_out: tuple[bool, ...]  # per input: the call hit the per-call timer
     asserts: tuple[str, ...]  # per prompt assert, in order: "pass", "fail" or "timeout"
+    _at: dict[str, int] = field(init=False, repr=False, compare=False)  # input -> its index, built once
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_at", {inp: n for n, inp in enumerate(self.inputs)})
 
     def behaviour(self, inputs: Sequence[str]) -> Behaviour | None:
         """The answer's Behaviour in a live run on `inputs` (in that order) and the same asserts: the
         child's give-up rule applied to this list, exactly as the child applies it. None when an input
         is not in the table."""
-        at = {inp: n for n, inp in enumerate(self.inputs)}
+        at = self._at
         if any(inp not in at for inp in inputs):
             return None
         outputs: list[str] = []
@@ -331,13 +332,12 @@ def harvest_inputs(query: str, answers: Sequence[str], limit: int = 12) -> list[
     for answer, source in zip(answers, sources, strict=True):
         if source is not None:  # a JavaScript answer's calls are not Python calls
             budget = _Budget()  # one per answer, shared by its blocks: however many fences it has
-            blocks += [
-                (block, budget) for block in [source, *_FENCE.findall(answer), *_TESTS.findall(answer)]
-            ]
+            blocks += [(block, budget) for block in [source, *FENCE.findall(answer), *_TESTS.findall(answer)]]
     found: list[str] = []
+    called = frozenset(names)
     for block, budget in blocks:
         with contextlib.suppress(Exception):  # never raises: what a block cannot give is skipped
-            for args in _calls(_statements(block), frozenset(names), budget):
+            for args in _calls(_statements(block), called, budget):
                 if args not in found:
                     found.append(args)
                     if len(found) >= limit:
