@@ -24,8 +24,8 @@ from router.code_behaviour import behaviour_keys, run_behaviour
 from router.offline.book import AnswerBook
 from router.offline.code_runs import cache_dir, code_runs_for
 from router.offline.plan_table_fit import cross_fit_tables
-from router.offline.planner_fit import Recorded, cross_fit_on, fit_planner, fold_assignment
-from router.offline.split import cross_fit, write_split
+from router.offline.planner_fit import Recorded, fit_planner
+from router.offline.split import cross_fit, cross_fit_on, fold_assignment, write_split
 from tests.test_planner import synthetic
 
 FIX = Path(__file__).parent / "fixtures" / "multi"

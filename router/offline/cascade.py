@@ -34,7 +34,7 @@ import numpy as np
 from router.compose.acceptance import AcceptanceModel
 from router.offline.book import AnswerBook
 from router.offline.metrics import baselines, evaluate_router
-from router.offline.planner_fit import FittedPlanners, Recorded, cross_fit_on, fit_planner, fold_assignment
+from router.offline.planner_fit import FittedPlanners, Recorded, fit_planner
 from router.offline.routellm import (
     GSM8K_FILE,
     PRICES_PER_M,
@@ -44,16 +44,15 @@ from router.offline.routellm import (
     gsm8k_dataset,
     load_gsm8k_answers,
 )
+from router.offline.split import cross_fit_on, fold_assignment
 
 # The rows that learn something, in the order the table prints them (the oracles and baselines follow).
 LEARNED = ("cascade", "planner", "myopic_planner", "posthoc_threshold", "acceptance_model", "fast_router")
 
 
-def cross_fitted_acceptance(
-    data: dict[str, Any], k: int = 5, seed: int = 0, fold_of: np.ndarray | None = None
-) -> np.ndarray:
+def cross_fitted_acceptance(data: dict[str, Any], fold_of: np.ndarray, seed: int = 0) -> np.ndarray:
     """P(Mixtral's answer is right) for every query, each from a model trained on the other folds
-    (``fold_of``, default ``fold_assignment(n, k, seed)``)."""
+    of ``fold_of``."""
     prompts, answers = data["prompts"], data["weak_answers"]
 
     def fit_score(train: np.ndarray, fold: np.ndarray) -> np.ndarray:
@@ -62,15 +61,11 @@ def cross_fitted_acceptance(
         )
         return model.predict_proba([prompts[i] for i in fold], [answers[i] for i in fold])
 
-    return cross_fit_on(fold_assignment(len(prompts), k, seed) if fold_of is None else fold_of, fit_score)
+    return cross_fit_on(fold_of, fit_score)
 
 
 def cross_fitted_fast(
-    data: dict[str, Any],
-    k: int = 5,
-    seed: int = 0,
-    backend: str = "static",
-    fold_of: np.ndarray | None = None,
+    data: dict[str, Any], fold_of: np.ndarray, seed: int = 0, backend: str = "static"
 ) -> np.ndarray:
     """P(each model right | query alone), [n, 2] (Mixtral, GPT-4), from the fast router's quality model,
     cross-fitted the same way: the planner's priors, so on the planner's folds (``fold_of``)."""
@@ -84,7 +79,7 @@ def cross_fitted_fast(
         fitted, _ = fit_quality(X[train], labels[train], "logreg", seed)
         return np.asarray(fitted.predict(X[fold]))
 
-    return cross_fit_on(fold_assignment(n, k, seed) if fold_of is None else fold_of, fit_score)
+    return cross_fit_on(fold_of, fit_score)
 
 
 def _compact(result: dict) -> dict:
@@ -104,8 +99,8 @@ def evaluate_gsm8k_cascade(
     data = load_gsm8k_answers(path)
     yw, ys, cw, cs = data["y_weak"], data["y_strong"], data["cost_weak"], data["cost_strong"]
     fold_of = fold_assignment(len(yw), k, seed)  # one assignment for every model below
-    accept = cross_fitted_acceptance(data, k, seed, fold_of)
-    priors = cross_fitted_fast(data, k, seed, fold_of=fold_of)
+    accept = cross_fitted_acceptance(data, fold_of, seed)
+    priors = cross_fitted_fast(data, fold_of, seed)
     fast = priors[:, 0]
     escalation, policies = planner_escalation(data, priors, k, seed, fold_of)
     posthoc = escalation["posthoc"]
@@ -178,14 +173,14 @@ def _apgr(score: np.ndarray, data: dict[str, Any], rows: np.ndarray) -> float:
 def planner_escalation(
     data: dict[str, Any],
     priors: np.ndarray,
-    k: int = 5,
-    seed: int = 0,
-    fold_of: np.ndarray | None = None,
+    k: int,
+    seed: int,
+    fold_of: np.ndarray,
 ) -> tuple[dict[str, np.ndarray], list[str]]:
     """Per query, cross-fitted: the escalation scores of :func:`_escalation`, plus ``cascade``: the
     planner (with or without its gain model) that a router trained on the other folds would use.
-    ``fold_of`` is the fold assignment the ``priors`` were cross-fitted on (default
-    ``fold_assignment(n, k, seed)``); the planners use it too.
+    ``fold_of`` is the fold assignment (``k`` folds) the ``priors`` were cross-fitted on; the planners
+    use it too.
 
     That choice is nested: for each fold, the planner is refitted on the other folds alone and
     cross-fitted there (on those same folds), and the policy with the higher APGR on them plans this

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from router.offline.book import AnswerBook
-from router.offline.planner_fit import fold_assignment
+from router.offline.split import fold_assignment
 from router.plan_table import ANY, PlanSet, PlanTable, cluster_of
 
 MIN_CLUSTER = 40  # training questions a cluster needs for a table of its own (else it uses ANY's)

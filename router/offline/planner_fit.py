@@ -17,8 +17,8 @@ Cross-fitting keeps it honest: each query is walked by models that never saw it 
 value targets come from those walks, and each fold keeps its own planner, so the training files can
 be replayed as a validation set (:func:`fit_planner` returns the fold planners) without the replay
 having seen its own labels. The models stacked under the planner — the priors (``log_odds``) and the
-predicted costs — must be cross-fitted by the caller on the same folds (:func:`fold_assignment`,
-:func:`cross_fit_on`, passed to :func:`fit_planner` as ``fold_of``): then every model that plans a
+predicted costs — must be cross-fitted by the caller on the same folds (:func:`split.fold_assignment`,
+:func:`split.cross_fit_on`, passed to :func:`fit_planner` as ``fold_of``): then every model that plans a
 query of fold f (prior, cost, post-hoc, gain) was fitted on the other folds' rows only. What that
 does not remove (plain stacking, not nested): the post-hoc and gain models of fold f learn from the
 other folds' out-of-fold priors, and the gain models from targets judged by those folds' post-hoc
@@ -37,40 +37,13 @@ import numpy as np
 
 from router.evidence import logit, posthoc_rows
 from router.offline.book import AnswerBook
-from router.offline.split import folds
+from router.offline.split import fold_assignment
 from router.planner import Boosted, CascadePlanner, gain_model, value_rows
 
 POSTHOC_STATES = 6  # random multi-answer states per query, besides every single answer
 GAIN_STATES = 4  # random states with answers per query, besides "no answer yet"
 PAIR_SHARE = 0.25  # share of the possible pairs sampled as calls from each state
 TRIPLE_SHARE = 0.04  # and of the triples
-
-
-def fold_assignment(n: int, k: int, seed: int) -> np.ndarray:
-    """Each of ``n`` rows' fold (0..k-1), seeded: the one assignment every stacked model of a
-    cross-fit shares. The same folds as ``split.cross_fit(n, k, seed, …)``."""
-    fold_of = np.empty(n, dtype=int)
-    for f, part in enumerate(folds(n, k, seed)):
-        fold_of[part] = f
-    return fold_of
-
-
-def cross_fit_on(
-    fold_of: np.ndarray, fit_score: Callable[[np.ndarray, np.ndarray], np.ndarray]
-) -> np.ndarray:
-    """One score per row (or row of scores), each from ``fit_score(train rows, fold rows)`` fitted on
-    the rows of the other folds of ``fold_of``."""
-    fold_of = np.asarray(fold_of)
-    scores: np.ndarray | None = None
-    for f in np.unique(fold_of):
-        part = np.flatnonzero(fold_of == f)
-        found = np.asarray(fit_score(np.flatnonzero(fold_of != f), part), dtype=float)
-        if scores is None:
-            scores = np.empty((len(fold_of), *found.shape[1:]))
-        scores[part] = found
-    if scores is None:
-        raise ValueError("cross-fitting needs at least one row")
-    return scores
 
 
 @dataclass
@@ -194,7 +167,7 @@ def fit_planner(
 ) -> FittedPlanners:
     """Cross-fitted post-hoc estimator and gain model; see the module docstring. ``fold_of``: the
     fold of each query, the one the priors were cross-fitted on (default
-    ``fold_assignment(n, k, seed)``, the folds of ``split.cross_fit(n, k, seed, …)``)."""
+    ``split.fold_assignment(n, k, seed)``)."""
     say = progress or (lambda _: None)
     n = len(rec.book)
     if fold_of is None:

@@ -40,7 +40,7 @@ from router.offline.dataset import RoutingDataset
 from router.offline.intervals import METHOD, PerQuery, differences, interval, resampled_aiq
 from router.offline.metrics import DEFAULT_LAMBDAS, aiq_within, lambda_curve
 from router.offline.plan_table_fit import cross_fit_tables
-from router.offline.planner_fit import FittedPlanners, Recorded, cross_fit_on, fit_planner, fold_assignment
+from router.offline.planner_fit import FittedPlanners, Recorded, fit_planner
 from router.offline.pool import (
     PoolData,
     Validation,
@@ -56,6 +56,7 @@ from router.offline.pool import (
     swept_router,
 )
 from router.offline.replay import Replay, agreement_rule, replay
+from router.offline.split import cross_fit_on, fold_assignment
 from router.plan_table import PlanTable
 from router.planner import Plans
 

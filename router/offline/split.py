@@ -291,16 +291,35 @@ def folds(n: int, k: int, seed: int) -> list[np.ndarray]:
     return np.array_split(np.random.default_rng(seed).permutation(n), k)
 
 
+def fold_assignment(n: int, k: int, seed: int) -> np.ndarray:
+    """Each of ``n`` rows' fold (0..k-1), seeded (:func:`folds`): the one assignment every stacked
+    model of a cross-fit shares."""
+    fold_of = np.empty(n, dtype=int)
+    for f, part in enumerate(folds(n, k, seed)):
+        fold_of[part] = f
+    return fold_of
+
+
+def cross_fit_on(
+    fold_of: np.ndarray, fit_score: Callable[[np.ndarray, np.ndarray], np.ndarray]
+) -> np.ndarray:
+    """One score per row (or row of scores), each from ``fit_score(train rows, fold rows)`` fitted on
+    the rows of the other folds of ``fold_of``."""
+    fold_of = np.asarray(fold_of)
+    scores: np.ndarray | None = None
+    for f in np.unique(fold_of):
+        part = np.flatnonzero(fold_of == f)
+        found = np.asarray(fit_score(np.flatnonzero(fold_of != f), part), dtype=float)
+        if scores is None:
+            scores = np.empty((len(fold_of), *found.shape[1:]))
+        scores[part] = found
+    if scores is None:
+        raise ValueError("cross-fitting needs at least one row")
+    return scores
+
+
 def cross_fit(
     n: int, k: int, seed: int, fit_score: Callable[[np.ndarray, np.ndarray], np.ndarray]
 ) -> np.ndarray:
-    """One score per row (or one row of scores), each from ``fit_score(train rows, fold rows)`` fitted
-    without that row's fold."""
-    scores: np.ndarray | None = None
-    for fold in folds(n, k, seed):
-        part = np.asarray(fit_score(np.setdiff1d(np.arange(n), fold), fold), dtype=float)
-        if scores is None:
-            scores = np.empty((n, *part.shape[1:]))
-        scores[fold] = part
-    assert scores is not None
-    return scores
+    """:func:`cross_fit_on` the seeded :func:`fold_assignment` of ``n`` rows into ``k`` folds."""
+    return cross_fit_on(fold_assignment(n, k, seed), fit_score)
