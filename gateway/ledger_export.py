@@ -90,21 +90,14 @@ def located_jsonl_lines(path: Path, *, warn: bool = True) -> Iterator[tuple[str,
             yield f"{path}:{number}", value
 
 
-def file_records(path: Path) -> Iterator[dict]:
-    """Every record of a ledger file (a gateway's ledger.jsonl, or a `ledger export` in JSONL or
-    Parquet), read-only and streamed.
-
-    A line torn by a crash is skipped as the gateway's own reader skips it (:func:`located_jsonl_lines`);
-    a file that is not a ledger at all fails on its first bad line, naming it."""
-    for _, record in located_file_records(path):
-        yield record
-
-
 PARQUET_MAGIC = b"PAR1"
 
 
 def located_file_records(path: Path, *, warn: bool = True) -> Iterator[tuple[str, dict]]:
-    """:func:`file_records` with each record's ``PATH:LINE`` (``PATH row N`` in Parquet)."""
+    """Every record of a ledger file (a gateway's ledger.jsonl, or a `ledger export` in JSONL or
+    Parquet), read-only and streamed, with its ``PATH:LINE`` (``PATH row N`` in Parquet). A line torn
+    by a crash is skipped as the gateway's own reader skips it (:func:`located_jsonl_lines`); a file
+    that is not a ledger at all fails on its first bad line, naming it."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no ledger file at {path}")

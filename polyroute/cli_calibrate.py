@@ -233,12 +233,12 @@ def calibrate_command(
             console.print(f"done: {_usd(result.spent)} spent{left}")
     else:
         console.print(f"nothing to send: all {plan.done} (worker, probe) pairs are graded")
-    if settings.router_prior:  # a run with nothing left to send never started the gateway's state
-        from router.shipped import try_install_shipped_prior
+        if settings.router_prior:  # the calls above built the gateway's state, which installs it
+            from router.shipped import try_install_shipped_prior
 
-        prior_error = try_install_shipped_prior(root)
-        if prior_error:
-            console.print(f"[yellow]{prior_error}[/]")
+            prior_error = try_install_shipped_prior(root)
+            if prior_error:
+                console.print(f"[yellow]{prior_error}[/]")
     with console.status("fitting the workers' vectors …"):
         fit = fit_workers(root, _records(settings), probe_set, [w.name for w in plan.workers])
     colour = {"fitted": "green", "no_labels": "yellow", "no_router": "yellow"}

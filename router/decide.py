@@ -35,18 +35,22 @@ def _tiebreak(e: Estimate) -> tuple:
     return (e.cost_usd, e.active_params_b if e.active_params_b is not None else float("inf"), e.worker)
 
 
+def blended_price(cost_share: float, active: float | None, max_active: float, active_weight: float) -> float:
+    """A worker's price for ranking, as both routers rank: its cost as a share of the pool's dearest,
+    blended with its active parameters as a share of the pool's largest when the policy prefers fewer,
+    (1 − w)·cost share + w·active/max active (a worker of unknown size counts as the largest)."""
+    if not active_weight:
+        return cost_share
+    size = active if active is not None else max_active
+    return (1 - active_weight) * cost_share + active_weight * size / max_active
+
+
 def utility(
     e: Estimate, cost_weight: float, max_cost: Decimal, active_weight: float = 0.0, max_active: float = 1.0
 ) -> float:
-    """quality − λ·price, where price is the cost normalized by the pool's dearest worker, blended with
-    the worker's active parameters normalized by the pool's largest when the policy prefers fewer:
-    (1 − w)·cost/max cost + w·active/max active (a worker of unknown size counts as the largest), the
-    same blend the rule-based router ranks by."""
+    """quality − λ·price, the price by :func:`blended_price`."""
     normalized = float(e.cost_usd / max_cost) if max_cost > 0 else 0.0
-    if active_weight:
-        active = e.active_params_b if e.active_params_b is not None else max_active
-        normalized = (1 - active_weight) * normalized + active_weight * active / max_active
-    return e.quality - cost_weight * normalized
+    return e.quality - cost_weight * blended_price(normalized, e.active_params_b, max_active, active_weight)
 
 
 def choose(

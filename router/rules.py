@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 
 from policies import Worker, predicted_cost
+from router.decide import blended_price
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,7 +105,7 @@ class CheapestRouter:
             return w.active_params_b if w.active_params_b is not None else max_active
 
         def score(w: Worker) -> tuple:
-            blended = (1 - weight) * float(costs[w.name] / max_cost) + weight * active(w) / max_active
+            blended = blended_price(float(costs[w.name] / max_cost), w.active_params_b, max_active, weight)
             return (blended if weight else 0.0, costs[w.name], active(w), w.name)
 
         ranked = sorted(ranked_pool, key=score)

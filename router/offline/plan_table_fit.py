@@ -33,12 +33,15 @@ MAX_VOTERS = 3
 VOTER_POOL = 12
 
 
+def _ratio(sums: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """sums / counts, NaN where a count is 0 (no warning)."""
+    return np.divide(sums, counts, out=np.full(np.shape(sums), np.nan), where=counts > 0)
+
+
 def _graded_mean(values: np.ndarray) -> np.ndarray:
-    """Column means over the non-blank entries; NaN for a column with none (no warning)."""
+    """Column means over the non-blank entries; NaN for a column with none."""
     graded = ~np.isnan(values)
-    counts = graded.sum(0)
-    sums = np.where(graded, values, 0.0).sum(0)
-    return np.divide(sums, counts, out=np.full(sums.shape, np.nan), where=counts > 0)
+    return _ratio(np.where(graded, values, 0.0).sum(0), graded.sum(0))
 
 
 def voter_candidates(Y: np.ndarray, C: np.ndarray) -> list[int]:
@@ -126,8 +129,7 @@ class PlanScores:
         n = float(self.counts[keep_folds].sum())
 
         def mean(sums: np.ndarray, counts: np.ndarray) -> np.ndarray:
-            total, over = sums[:, keep_folds].sum(1), counts[:, keep_folds].sum(1)
-            return np.divide(total, over, out=np.full(total.shape, np.nan), where=over > 0)
+            return _ratio(sums[:, keep_folds].sum(1), counts[:, keep_folds].sum(1))
 
         return (
             mean(self.correct, self.graded),
