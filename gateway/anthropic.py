@@ -33,7 +33,7 @@ from starlette.responses import Response
 from gateway import compose, ratelimits, tracing
 from gateway.anthropic_stream import AnthropicStream, event_batches
 from gateway.body import heavy_if, is_large, read_json_object, validate
-from gateway.completions import AUTO, EventStream, TranslatingWire, serve
+from gateway.completions import AUTO, EventStream, TranslatingWire, model_names, serve
 from gateway.errors import APIError, JSONResponse
 from gateway.schemas import ChatCompletionRequest
 from gateway.state import AppState
@@ -394,17 +394,12 @@ async def count_tokens(request: Request) -> Response:
         key = await state.auth.client(request)
         data = await read_json_object(request, state.settings.max_body_bytes)
         body = await heavy_if(is_large(request), validate, CountTokensRequest, data)
-        try:  # a workflow's name is checked as /v1/messages checks it (compose.plan): unknown is a 404
-            compose.requested_workflow(body.model)
-        except ValueError as exc:
-            raise APIError(
-                404, str(exc), type="not_found_error", code="model_not_found", param="model"
-            ) from None
+        compose.checked_workflow(body.model, "not_found_error")  # as /v1/messages checks it
         model = AUTO if body.model.startswith(compose.PREFIX) else body.model
         worker = state.catalog.get(model)
         aliases = engine.policy.aliases if engine is not None else {}
         if worker is None and model != AUTO and model not in aliases:
-            names = ["auto", *(compose.PREFIX + w for w in compose.WORKFLOWS), *aliases, *state.catalog.names]
+            names = model_names(state, aliases)
             raise APIError(
                 404,
                 f"The model '{body.model}' does not exist. Use one of: {', '.join(names)}",

@@ -155,6 +155,11 @@ class TranslatingWire(Wire):
         return self.answer(orjson.loads(response.body), headers, None)
 
 
+def model_names(state: AppState, aliases) -> list[str]:
+    """Every name a request's `model` may take, for the 404 that lists them."""
+    return ["auto", *(compose.PREFIX + w for w in compose.WORKFLOWS), *aliases, *state.catalog.names]
+
+
 def admission_for(
     state: AppState,
     request: Request,
@@ -171,12 +176,7 @@ def admission_for(
     model = AUTO if chat.model.startswith(compose.PREFIX) else chat.model
     known = model == AUTO or model in engine.policy.aliases or state.catalog.get(model)
     if not known:
-        names = [
-            "auto",
-            *(compose.PREFIX + w for w in compose.WORKFLOWS),
-            *engine.policy.aliases,
-            *state.catalog.names,
-        ]
+        names = model_names(state, engine.policy.aliases)
         raise APIError(
             404,
             f"The model '{chat.model}' does not exist. Use one of: {', '.join(names)}",

@@ -67,6 +67,7 @@ __all__ = [
     "TRACE_HEADER",
     "WORKFLOWS",
     "Composition",
+    "checked_workflow",
     "degraded_trace",
     "plan",
     "requested_workflow",
@@ -211,6 +212,16 @@ def _cannot_start(
     )
 
 
+def checked_workflow(model: str, error_type: str = "invalid_request_error") -> str | None:
+    """:func:`requested_workflow`, an unknown workflow refused as a 404 ``model_not_found`` (the one
+    check /v1/chat/completions, /v1/messages and its count_tokens make); ``error_type`` is the
+    API's own name for the error."""
+    try:
+        return requested_workflow(model)
+    except ValueError as exc:
+        raise APIError(404, str(exc), type=error_type, code="model_not_found", param="model") from None
+
+
 async def plan(
     state,
     request: Request,
@@ -224,10 +235,7 @@ async def plan(
     """Fast mode, a workflow, or a workflow degraded to fast mode (and why). ``admission`` (the
     policy's ceiling) and ``recalled`` (memory the steps would carry) price a workflow `auto` would
     choose, so that it is chosen only when it can start."""
-    try:
-        forced = requested_workflow(chat.model)
-    except ValueError as exc:
-        raise APIError(404, str(exc), code="model_not_found", param="model") from None
+    forced = checked_workflow(chat.model)
     settings = state.settings
     weight = route.cost_weight if route.cost_weight is not None else settings.cost_weight
     planner = getattr(router, "planner", None) if router.name == "learned" else None
@@ -537,7 +545,9 @@ async def respond(state, request: Request, ex, composition: Composition) -> Resp
     if composition.workflow == "plan":
         headers[PLAN_HEADER] = plan_header(outcome.detail)
     if run.stopped is not None:
-        return await _client_gone(state, ex, outcome, strategy, headers)
+        return await _client_gone(
+            state, ex, outcome, strategy, headers, trace, prompt_tokens, completion_tokens
+        )
     if final is None:
         await ex.finish(
             state, None, 502, [], prompt_tokens, completion_tokens, outcome.cost_usd, strategy, trace
@@ -594,19 +604,27 @@ async def _stop_when_gone(request: Request, run: Run) -> None:
     run.stop(CLIENT_GONE)
 
 
-async def _client_gone(state, ex, outcome, strategy: str, headers: dict[str, str]) -> Response:
+async def _client_gone(
+    state,
+    ex,
+    outcome,
+    strategy: str,
+    headers: dict[str, str],
+    trace: dict,
+    prompt_tokens: int,
+    completion_tokens: int,
+) -> Response:
     """The client hung up during the workflow: no step started after that (those in flight finished),
     nobody gets the answer, and the ledger says 499 — as for a stream the client leaves — with
-    every step's cost billed and the budget's hold settled to it."""
+    every step's cost billed and the budget's hold settled to it. ``trace`` and the token counts are
+    the ones :func:`respond` read off the outcome."""
     from gateway.completions import STREAM_STATUS
 
     outcome_name = "client_disconnected"
-    trace = {**outcome.trace(), "ended": outcome_name}
+    trace = {**trace, "ended": outcome_name}
     if ex.chat.stream:
         trace["stream"] = outcome_name  # as a fast-mode stream's record says it (and its span reads)
     worker = outcome.answer.worker if outcome.answer is not None else None
-    prompt_tokens = sum(s.prompt_tokens for s in outcome.steps)
-    completion_tokens = sum(s.completion_tokens for s in outcome.steps)
     status = STREAM_STATUS[outcome_name]
     await ex.finish(
         state, worker, status, [], prompt_tokens, completion_tokens, outcome.cost_usd, strategy, trace
