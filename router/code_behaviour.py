@@ -551,13 +551,17 @@ def confine(job, result_fd, nonce):  # who the child is and what it may use, bef
         except (AttributeError, ValueError, OSError):
             pass
 
-def main():
-    nonce, _, job = sys.stdin.buffer.read().partition(b"\n")  # the nonce lives in this frame only
+def start():  # the job and nonce from stdin, stdout kept aside and silenced, then confined
+    nonce, _, job = sys.stdin.buffer.read().partition(b"\n")  # the nonce lives in callers' frames only
     job = json.loads(job)
-    result_fd = os.dup(1)  # non-inheritable: nothing an answer spawns can write to it
+    kept = os.dup(1)  # non-inheritable: nothing an answer spawns can write to it
     devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, 1)
-    confine(job, result_fd, nonce)
+    os.dup2(devnull, 1)  # untrusted prints: discarded
+    confine(job, kept, nonce)
+    return nonce, job, kept
+
+def main():
+    nonce, job, result_fd = start()
     asserts = [(name, code, split(code)) for name, code in job["asserts"]]
     inputs = [literal_eval(i) for i in job["inputs"]]
     settings = (job["per_call_s"], job["give_up"], job["output_chars"], job["reverse"])
@@ -576,12 +580,7 @@ def main():
         exit_now(0)  # no atexit handler or thread an answer left behind runs
 
 def run_script():  # a whole script as __main__ (run_script below): its stderr is what the parent reads
-    nonce, _, job = sys.stdin.buffer.read().partition(b"\n")
-    job = json.loads(job)
-    out = os.dup(1)  # non-inheritable until it becomes the script's stderr
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, 1)  # the script's prints: discarded
-    confine(job, out, nonce)
+    nonce, job, out = start()  # `out` becomes the script's stderr
     text = job["script"]
     del nonce, job
     os.dup2(out, 2)
@@ -808,18 +807,26 @@ def _results(job: dict[str, Any], timeout_s: float, command: Sequence[str] = _CO
     child = _converse(job, timeout_s, command)
     if child is None:
         return None
-    nonce, sent, _ = child
+    reply = _reply(*child[:2])
+    if reply is None:
+        return None
+    if "error" in reply:
+        _warn_once(str(reply["error"]))
+        return None
+    results = reply.get("results")
+    return results if isinstance(results, list) else None
+
+
+def _reply(nonce: bytes, sent: bytes | None) -> dict[str, Any] | None:
+    """The harness's JSON object after this run's nonce; None when the child wrote none (an answer
+    writing to the result descriptor cannot know the nonce)."""
     if sent is None or not sent.startswith(nonce + b"\n"):
         return None
     try:
         reply = json.loads(sent[len(nonce) + 1 :])
     except ValueError:
         return None
-    if isinstance(reply, dict) and "error" in reply:
-        _warn_once(str(reply["error"]))
-        return None
-    results = reply.get("results") if isinstance(reply, dict) else None
-    return results if isinstance(results, list) else None
+    return reply if isinstance(reply, dict) else None
 
 
 def run_script(text: str, timeout_s: float) -> tuple[int | None, str]:
@@ -839,10 +846,10 @@ def run_script(text: str, timeout_s: float) -> tuple[int | None, str]:
             return None, f"did not finish in {timeout_s:g} s"
         return None, f"could not be run: it wrote more than {MAX_RESULT_BYTES >> 20} MiB to stderr"
     if sent.startswith(nonce + b"\n"):  # the child refused before the script ran (it could not switch)
-        try:
-            reason = str(json.loads(sent[len(nonce) + 1 :])["error"])
-        except (ValueError, TypeError, KeyError):
-            reason = "the sandbox child refused"
+        reply = _reply(nonce, sent)
+        reason = (
+            str(reply["error"]) if reply is not None and "error" in reply else "the sandbox child refused"
+        )
         _warn_once(reason)
         return None, f"could not be run: {reason}"
     if status is None:
