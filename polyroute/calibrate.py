@@ -368,6 +368,19 @@ class Runner:
             "query": storable_query(chat.last_user_text(), admission.data_class),
             "turns": chat.user_turns(),
         }
+
+        def record_failure(status: int, message: str) -> None:  # the call gave no answer to grade
+            self.state.ledger.record_request(
+                RequestRecord(
+                    **common,
+                    worker=None,
+                    status=status,
+                    latency_ms=round((time.perf_counter() - started) * 1000, 2),
+                    fallbacks=(worker.name,),
+                    trace={CALIBRATION: {**trace, "error": message}},
+                )
+            )
+
         try:
             try:
                 async with self.slots.get(worker.name) or contextlib.nullcontext():
@@ -378,21 +391,7 @@ class Runner:
             finally:
                 self.held -= hold
         except asyncio.CancelledError:  # Ctrl-C: the call was sent, and its provider may bill it
-            self.state.ledger.record_request(
-                RequestRecord(
-                    **common,
-                    worker=None,
-                    status=499,
-                    latency_ms=round((time.perf_counter() - started) * 1000, 2),
-                    fallbacks=(worker.name,),
-                    trace={
-                        CALIBRATION: {
-                            **trace,
-                            "error": f"stopped while {worker.name} answered: the call may cost up to ${hold:.6f}",
-                        }
-                    },
-                )
-            )
+            record_failure(499, f"stopped while {worker.name} answered: the call may cost up to ${hold:.6f}")
             raise
         except (WorkerError, TimeoutError) as exc:
             status = exc.status if isinstance(exc, WorkerError) else 504
@@ -405,17 +404,7 @@ class Runner:
             tally.last_error = message
             tally.failing += 1
             tally.gave_up = tally.failing >= MAX_FAILURES_IN_A_ROW
-            latency = round((time.perf_counter() - started) * 1000, 2)
-            self.state.ledger.record_request(
-                RequestRecord(
-                    **common,
-                    worker=None,
-                    status=status,
-                    latency_ms=latency,
-                    fallbacks=(worker.name,),
-                    trace={CALIBRATION: {**trace, "error": message}},
-                )
-            )
+            record_failure(status, message)
             return "error"
         latency = round((time.perf_counter() - started) * 1000, 2)
         tally.failing = 0
