@@ -35,6 +35,7 @@ from gateway.schemas import ChatCompletionRequest
 from gateway.store import BudgetExceeded, Limits, StoreReplyError, StoreUnavailable, to_micros
 from gateway.upstream import WorkerError
 from policies import PolicyRequest, PolicyRequestError
+from policies.admission import BUDGET_RULES
 
 if TYPE_CHECKING:
     from gateway.state import AppState
@@ -101,7 +102,6 @@ class Job:
 
 
 MAX_IN_FLIGHT = 32  # grades running at once per gateway process (beyond: dropped as "busy")
-BUDGET_EXCLUSIONS = frozenset({"budget:daily", "budget:monthly"})  # policies/engine.py's budget_violation
 
 
 def _settings(state: AppState, tenant: str):
@@ -199,7 +199,7 @@ class Judge:
         exclusion = admission.exclusion_for(worker.name)
         # The tenant's budget does not apply: the judge spends from its own. Only the engine's budget
         # exclusions are waived (a policy rule cannot take their ids: policies/schema.py reserves them).
-        if not admission.admits(worker.name) and not (exclusion and exclusion.rule in BUDGET_EXCLUSIONS):
+        if not admission.admits(worker.name) and not (exclusion and exclusion.rule in BUDGET_RULES):
             return "inadmissible"
         budgets = state.stores.budgets
         try:

@@ -16,6 +16,13 @@ from decimal import Decimal
 from policies.catalog import Catalog, Kind, Worker
 
 EMBEDDED_POLICY_VERSION = "embedded-0"
+# The exclusions the gateway names itself (not an operator's rule ids, which may not take them:
+# policies/schema.py): a worker that cannot be called, and a tenant's budget (policies/engine.py).
+UNAVAILABLE = "unavailable"
+BUDGET_RULE_PREFIX = "budget:"
+BUDGET_DAILY = BUDGET_RULE_PREFIX + "daily"
+BUDGET_MONTHLY = BUDGET_RULE_PREFIX + "monthly"
+BUDGET_RULES = frozenset({BUDGET_DAILY, BUDGET_MONTHLY})
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,7 +53,7 @@ class Admission:
     @property
     def denied_by_policy(self) -> tuple[Exclusion, ...]:
         """Exclusions made by a rule (as opposed to a worker that cannot be called at all)."""
-        return tuple(e for e in self.excluded if e.rule != "unavailable")
+        return tuple(e for e in self.excluded if e.rule != UNAVAILABLE)
 
     def explain(self) -> dict:
         return {
@@ -81,7 +88,7 @@ def admit(
     for worker in catalog.of_kind(kind):
         reason = unavailable_reason(worker, down, env)
         if reason:
-            excluded.append(Exclusion(worker.name, "unavailable", reason))
+            excluded.append(Exclusion(worker.name, UNAVAILABLE, reason))
         else:
             pool.append(worker)
     return Admission(tuple(pool), tuple(excluded))

@@ -12,13 +12,18 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
 
-from policies.admission import Admission, Exclusion, unavailable_reason
+from policies.admission import (
+    BUDGET_DAILY,
+    BUDGET_MONTHLY,
+    UNAVAILABLE,
+    Admission,
+    Exclusion,
+    unavailable_reason,
+)
 from policies.catalog import Catalog, Kind, Worker
 from policies.cost import predicted_cost
 from policies.detect import Detector, RegexDetector, builtin_detectors, decoded_views, scan
 from policies.schema import Policy, Rule, Tenant
-
-UNAVAILABLE = "unavailable"
 
 
 class PolicyRequestError(ValueError):
@@ -181,10 +186,10 @@ def budget_violation(tenant: Tenant | None, spend: Spend, cost: Decimal) -> tupl
     budget = tenant.budget
     if budget.daily_usd is not None and spend.daily_usd + cost > budget.daily_usd:
         left = max(Decimal(0), budget.daily_usd - spend.daily_usd)
-        return "budget:daily", f"predicted cost ${cost:.6f} > ${left:.6f} left of the daily budget"
+        return BUDGET_DAILY, f"predicted cost ${cost:.6f} > ${left:.6f} left of the daily budget"
     if budget.monthly_usd is not None and spend.monthly_usd + cost > budget.monthly_usd:
         left = max(Decimal(0), budget.monthly_usd - spend.monthly_usd)
-        return "budget:monthly", f"predicted cost ${cost:.6f} > ${left:.6f} left of the monthly budget"
+        return BUDGET_MONTHLY, f"predicted cost ${cost:.6f} > ${left:.6f} left of the monthly budget"
     return None
 
 

@@ -14,13 +14,14 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from policies.admission import BUDGET_RULE_PREFIX, UNAVAILABLE
 from policies.catalog import Tier
 from policies.detect import BUILTIN_KINDS
 from policies.yamlfile import parse_yaml_model
 
 Money = Annotated[Decimal, Field(ge=0, max_digits=14, decimal_places=8)]
 Name = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$")]
-RESERVED_RULE_PREFIX = "budget:"  # the engine's budget exclusions: budget:daily, budget:monthly
+RESERVED_RULE_PREFIX = BUDGET_RULE_PREFIX  # the engine's budget exclusions: budget:daily, budget:monthly
 
 # ISO 3166 codes of the EU member states: `EU` in a jurisdiction list means any of them.
 EU_MEMBERS = (
@@ -107,7 +108,7 @@ class Rule(Strict):
     def _not_reserved(cls, value: str) -> str:
         # the engine names its own exclusions so ("budget:daily", "unavailable"); a rule named alike
         # would read as one of them (the judge, which spends from its own budget, waives those)
-        if value.lower().startswith(RESERVED_RULE_PREFIX) or value.lower() == "unavailable":
+        if value.lower().startswith(RESERVED_RULE_PREFIX) or value.lower() == UNAVAILABLE:
             raise ValueError(
                 f"rule id {value!r} is reserved: ids starting with {RESERVED_RULE_PREFIX!r} and "
                 "'unavailable' name the gateway's own exclusions"
