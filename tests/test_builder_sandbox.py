@@ -21,6 +21,7 @@ import pytest
 
 from router.code_behaviour import SANDBOX_UID
 from router.compose import run_tests
+from router.compose.builder import extract_code
 from tests.test_sandbox_hardening import _ended, _running
 
 AS_ROOT = os.geteuid() == 0
@@ -122,3 +123,17 @@ def test_passing_and_failing_tests_report_as_before(
     code: str, tests: str, expected: tuple[bool, str]
 ) -> None:
     assert _run(code, tests) == expected
+
+
+@pytest.mark.parametrize(
+    "draft",
+    [
+        "Here it is:\n```python3\ndef add(a, b):\n    return a + b\n```\nDone.",
+        "Here it is:\r\n```Python\r\ndef add(a, b):\r\n    return a + b\r\n```\r\n",
+        "Two parts:\n```py\ndef half(a):\n    return a / 2\n```\nand\n```\ndef add(a, b):\n    return a + b\n```",
+    ],
+)
+def test_the_code_of_a_fenced_draft_is_what_runs(draft: str) -> None:
+    """The builder runs the draft's fenced code, read as every answer reader reads a fence (a
+    `python3` tag, a capital, CRLF lines). Its own pattern missed the first two and ran the prose."""
+    assert _run(extract_code(draft), "assert add(2, 3) == 5") == (True, "all tests passed")
