@@ -851,6 +851,26 @@ def test_memory_expansion_the_worker_steers(retriever):
     assert directive_query("MEMORY_EXPAND m2 1") is None
 
 
+@pytest.mark.parametrize(
+    ("reply", "read"),
+    [
+        ("  memory_expand [m2]  \r\n", (("m2", "2"), None)),
+        ("x\n\tMEMORY_EXPAND( m4 ,1 )\nmore text", (("m4", "1"), None)),
+        ("MEMORY_EXPAND  m2 \t 1 :  the   dosage ", (("m2", "1"), "the dosage")),
+        ("\r\n" * 20_000 + "MEMORY_EXPAND more: tea", (("more", "2"), "tea")),
+        ("\r\n" * 20_000, (None, None)),
+        ("MEMORY_EXPAND" + " " * 20_000 + "!", (None, None)),
+    ],
+)
+def test_a_directive_is_read_line_by_line_whatever_the_whitespace(reply, read):
+    """A worker's reply is untrusted: the directive is read one line at a time with its whitespace
+    runs made one space, so blank lines by the thousand (a looping small model) or spaces after the
+    keyword are read in linear time, where one pattern over the whole reply backtracked for seconds."""
+    from retrieval import directive_query, parse_directive
+
+    assert (parse_directive(reply), directive_query(reply)) == read
+
+
 def test_a_stopped_gateway_releases_its_shards(upstream, tmp_path):
     """Shutdown closes the retriever: a gateway started after it on the same data dir (a restart in
     the same process, as here) opens the collection instead of getting 503 collection_locked."""
