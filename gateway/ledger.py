@@ -78,23 +78,51 @@ def storable_query(text: str | None, data_class: str | None) -> str | None:
     return text[:MAX_QUERY_CHARS]
 
 
-def numbered_lines(path: Path) -> Iterator[tuple[int, dict]]:
-    """(line number, record) per line of a ledger file, oldest first; nothing if there is no file.
+def numbered_lines(
+    path: Path, *, warn: bool = True, refuse_foreign: bool = False
+) -> Iterator[tuple[int, object]]:
+    """(line number, parsed JSON) per non-blank line of a ledger file, oldest first; nothing if there
+    is no file. The one reader of ledger lines: the gateway's index and records, and (through
+    gateway.ledger_export.located_jsonl_lines) `router train --ledger` and the data dir's reader.
 
-    A line that is not JSON (a torn write: the gateway crashed mid-line) is skipped with a warning,
-    not fatal. The numbers let a reader name the line of a record it cannot use."""
+    A line that is not JSON, or not UTF-8, is a write torn by a crash or a full disk: skipped with a
+    warning (unless `warn` is off: a reader's second pass), not fatal. The gateway ends a torn line
+    before it appends, so one can sit anywhere in the file. The file is read as bytes, decoded line
+    by line: the gateway writes non-ASCII text as UTF-8, and a write cut inside a character used to
+    raise from the text reader, which kept the gateway from starting. With `refuse_foreign`, a bad
+    line before any JSON that does not begin like a record either is a ValueError naming it: the
+    file is no JSON ledger at all (a CSV, a Parquet export, a log), which a reader given a file must
+    say rather than find it empty. The numbers let a reader name the line of a record it cannot use;
+    whether a JSON value is a ledger record is the caller's to check."""
     try:
-        fh = open(path, encoding="utf-8")  # noqa: SIM115
+        fh = open(path, "rb")  # noqa: SIM115
     except FileNotFoundError:
         return
+    seen_json = False
     with fh:
-        for number, line in enumerate(fh, 1):
-            if not line.strip():
+        for number, raw in enumerate(fh, 1):
+            if not raw.strip():
                 continue
             try:
-                yield number, json.loads(line)
-            except json.JSONDecodeError:
-                log.warning("ledger %s line %d is not JSON; skipped", path, number)
+                value = json.loads(raw.decode("utf-8"))
+            except (UnicodeDecodeError, json.JSONDecodeError):
+                if refuse_foreign and not seen_json and not _looks_torn(raw):
+                    raise ValueError(
+                        f"{path}:{number}: not a JSON ledger record (give a gateway's ledger.jsonl or a "
+                        "`polyroute ledger export`)"
+                    ) from None
+                if warn:
+                    log.warning("ledger %s line %d is not JSON; skipped", path, number)
+                continue
+            seen_json = True
+            yield number, value
+
+
+def _looks_torn(raw: bytes) -> bool:
+    """Whether a line that is not JSON can be what a crash leaves of a gateway's write: the start of
+    a record (the gateway writes ``{...}`` lines) or the zeros a file system may leave after a crash."""
+    content = raw.strip()
+    return content.startswith(b"{") or not content.strip(b"\0")
 
 
 def _request_key(record: dict) -> tuple[str, str, str | None] | None:

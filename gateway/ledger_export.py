@@ -15,6 +15,8 @@ from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
+from gateway.ledger import numbered_lines
+
 BATCH_ROWS = 10_000
 
 log = logging.getLogger("polyroute.ledger")
@@ -53,41 +55,12 @@ def located_ledger_records(
     yield from located_jsonl_lines(path, warn=warn)
 
 
-def _looks_torn(raw: bytes) -> bool:
-    """Whether a line that is not JSON can be what a crash leaves of a gateway's write: the start of
-    a record (the gateway writes ``{...}`` lines) or the zeros a file system may leave after a crash."""
-    content = raw.strip()
-    return content.startswith(b"{") or not content.strip(b"\0")
-
-
 def located_jsonl_lines(path: Path, *, warn: bool = True) -> Iterator[tuple[str, object]]:
-    """(``PATH:LINE``, parsed JSON) per non-blank line of a ledger JSONL file, read line by line.
-
-    The one rule for a line that is not JSON (or not UTF-8), shared by the data dir's reader and
-    ``--ledger FILE``: it is a write torn by a crash, skipped with a warning as the gateway's own
-    reader skips it — the gateway ends a torn line before appending, so one can sit anywhere in the
-    file. Unless nothing before it was JSON and it does not begin like a record either: then the file
-    is not a JSON ledger at all (a CSV, a Parquet export, a log) and a ValueError names the line,
-    rather than every line being skipped and the reader finding an empty ledger. Whether a JSON value
-    is a ledger record is the caller's to check."""
-    seen_json = False
-    with open(path, "rb") as fh:  # bytes: a torn multi-byte character is one bad line, not a crash
-        for number, raw in enumerate(fh, 1):
-            if not raw.strip():
-                continue
-            try:
-                value = json.loads(raw.decode("utf-8"))
-            except (UnicodeDecodeError, json.JSONDecodeError):
-                if not seen_json and not _looks_torn(raw):
-                    raise ValueError(
-                        f"{path}:{number}: not a JSON ledger record (give a gateway's ledger.jsonl or a "
-                        "`polyroute ledger export`)"
-                    ) from None
-                if warn:
-                    log.warning("ledger %s line %d is not JSON; skipped", path, number)
-                continue
-            seen_json = True
-            yield f"{path}:{number}", value
+    """(``PATH:LINE``, parsed JSON) per non-blank line of a ledger JSONL file, read line by line by
+    the gateway's own reader (gateway.ledger.numbered_lines): a line torn by a crash is skipped with a
+    warning, and a file that is not a JSON ledger at all fails on its first line, naming it."""
+    for number, value in numbered_lines(path, warn=warn, refuse_foreign=True):
+        yield f"{path}:{number}", value
 
 
 PARQUET_MAGIC = b"PAR1"

@@ -9,6 +9,7 @@ import time
 import pyarrow.parquet as pq
 
 from gateway.ledger import FeedbackRecord, Ledger, RequestRecord
+from gateway.ledger_export import located_file_records
 from gateway.store.health import Breaker
 from gateway.store.ledger_redis import RedisLedger
 from tests.test_cli import polyroute, run_cli
@@ -159,3 +160,25 @@ def test_a_record_written_after_a_torn_line_is_kept(tmp_path):
         assert reopened.lookup("req_new") == ("acme", "cheap")
     finally:
         reopened.close()
+
+
+def test_a_write_cut_inside_a_character_does_not_keep_the_gateway_from_starting(tmp_path):
+    """The gateway writes non-ASCII queries as UTF-8; a crash or a full disk can cut a write inside a
+    character. The next start reads the ledger again: the torn line is skipped as any other, where the
+    text reader raised UnicodeDecodeError from the constructor and no gateway could start on the file.
+    `router train --ledger` reads the same lines by the same reader."""
+    path = tmp_path / "ledger.jsonl"
+    record = {"type": "request", "id": "req_old", "tenant": "acme", "worker": "cheap", "query": "数学の問題"}
+    whole = json.dumps(record, ensure_ascii=False).encode()
+    cut = whole.index("問".encode()) + 1  # one byte of a three-byte character
+    path.write_bytes(whole + b"\n" + whole[:cut])
+    ledger = Ledger(path)
+    ledger.record_request(RequestRecord("req_new", "acme", "auto", "cheap", "fast", 200, query="数学"))
+    ledger.close()
+    reopened = Ledger(path)
+    try:
+        assert [r["id"] for r in reopened.records()] == ["req_old", "req_new"]
+        assert reopened.lookup("req_old") == ("acme", "cheap")
+    finally:
+        reopened.close()
+    assert [where.rsplit(":", 1)[1] for where, _ in located_file_records(path)] == ["1", "3"]

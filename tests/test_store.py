@@ -7,7 +7,9 @@ the Redis ledger's buffering when Redis is unreachable.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
+from dataclasses import asdict
 
 import pytest
 
@@ -205,5 +207,11 @@ def test_redis_ledger_buffers_bounded_spills_and_resends(tmp_path):
         assert [r["id"] for r in records[:-1]] == [f"req_{n}" for n in range(52, 151)]
         assert records[-1] == {**records[-1], "type": "feedback", "request_id": "req_150"}
         assert again.lookup("req_120") == ("acme", "cheap") and again.lookup("req_9999") is None
+        again.close()
+        # a spill whose last write was cut short (the pod killed at the end of its grace period) keeps
+        # its whole lines, and the gateway still starts: the torn line was a JSONDecodeError before
+        spill.write_text(json.dumps(asdict(_request(900))) + "\n" + json.dumps(asdict(_request(901)))[:30])
+        again = RedisLedger(redis.Redis.from_url(server.url), Breaker("Redis"), spill, 100)
+        assert not spill.exists() and again.buffered == 1 and again.flush() == 1
     finally:
         server.stop()

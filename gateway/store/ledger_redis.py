@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
 
-from gateway.ledger import FeedbackRecord, RequestRecord
+from gateway.ledger import FeedbackRecord, RequestRecord, numbered_lines
 from gateway.store.health import REPLY_ERRORS, Breaker, StoreUnavailable, is_unavailable, sync_guarded
 
 log = logging.getLogger("polyroute.ledger")
@@ -160,7 +160,9 @@ class RedisLedger:
     def _load_spill(self) -> None:
         if self.spill_path is None or not self.spill_path.exists():
             return
-        kept = [json.loads(line) for line in self.spill_path.read_text(encoding="utf-8").splitlines() if line]
+        # a spill cut short (killed at the end of the grace period, a full disk) keeps its whole lines:
+        # its torn last line is skipped with a warning, as the file ledger's is, not a failed start
+        kept = [record for _, record in numbered_lines(self.spill_path) if isinstance(record, dict)]
         self.spill_path.unlink()
         for payload in kept:
             self._enqueue(payload)
