@@ -33,6 +33,19 @@ def test_cascade_gain_formula():
     assert predict_cascade([strong], 0.5, 0.75) is None
 
 
+def test_a_cascade_is_predicted_only_from_a_worker_cheaper_than_the_strongest():
+    """The cascade runs cheaper workers before the strongest (cascade.chain drops dearer ones). When
+    the strongest is also the cheapest there is no cascade: a prediction for "dearer -> strongest"
+    made auto run a one-level chain of the strongest alone, and one failure of it was a 502 where
+    fast mode falls back to the next worker."""
+    strong = Estimate("strong", 0.9, Decimal("0.001"))
+    weaker_dearer = [Estimate("mid", 0.5, Decimal("0.004")), Estimate("big", 0.6, Decimal("0.010"))]
+    assert predict_cascade([strong, *weaker_dearer], 0.5, 0.75) is None
+    cheaper = Estimate("tiny", 0.4, Decimal("0.0002"))
+    p = predict_cascade([*weaker_dearer, strong, cheaper], 0.5, 0.75)
+    assert (p.cheap, p.strong) == ("tiny", "strong")
+
+
 def test_threshold_follows_the_cost_weight():
     assert acceptance_threshold(0.5) == pytest.approx(0.5)
     assert acceptance_threshold(0.0) > acceptance_threshold(0.5) > acceptance_threshold(1.0)

@@ -57,12 +57,21 @@ class CascadePrediction:
 def predict_cascade(
     estimates: list[Estimate], cost_weight: float, verifier_accuracy: float
 ) -> CascadePrediction | None:
+    """The cascade from the cheapest worker predicted cheaper than the strongest to the strongest,
+    with its predicted quality, cost and utility next to the best single worker's; None when there
+    is no such pair (fewer than two workers, or the strongest is predicted cheapest)."""
     if len(estimates) < 2:
         return None
     max_cost = max(e.cost_usd for e in estimates)
     fast = max(estimates, key=lambda e: utility(e, cost_weight, max_cost))
     strong = max(estimates, key=lambda e: (e.quality, -e.cost_usd))
-    cheap = min((e for e in estimates if e is not strong), key=lambda e: (e.cost_usd, -e.quality))
+    # the cascade runs cheaper workers before the strongest (cascade.chain leaves dearer ones out):
+    # when the strongest is also the cheapest, there is no cascade to run, only a one-level chain
+    # with no fallback, so fast mode answers (its retries and fallback included)
+    cheaper = [e for e in estimates if e is not strong and e.cost_usd < strong.cost_usd]
+    if not cheaper:
+        return None
+    cheap = min(cheaper, key=lambda e: (e.cost_usd, -e.quality))
     a, qa, qb = verifier_accuracy, cheap.quality, strong.quality
     quality = qa * (a + (1 - a) * qb) + (1 - qa) * a * qb
     escalate = qa * (1 - a) + (1 - qa) * a
