@@ -20,7 +20,7 @@ from gateway.keys import KeyNotFound
 from gateway.ledger import FeedbackRecord
 from gateway.state import AppState
 from gateway.store import StoreUnavailable
-from policies import Kind, PolicyError, PolicyRequest, PolicyRequestError, Spend, Worker
+from policies import Kind, PolicyError, PolicyNotWritable, PolicyRequest, PolicyRequestError, Spend, Worker
 from router import list_versions
 
 router = APIRouter()
@@ -130,7 +130,8 @@ async def healthz() -> JSONResponse:
 
 @router.get("/readyz")
 async def readyz(request: Request) -> JSONResponse:
-    """Ready when a policy is in force and at least one worker can be called; lists every worker."""
+    """Ready when a policy is in force and at least one worker can be called; lists every worker.
+    `catalog` warns when the catalog file on disk differs from the one in force (applied on restart)."""
     state = _state(request)
     admission = state.availability()
     workers = {w.name: {"ready": True} for w in admission.pool}
@@ -147,6 +148,8 @@ async def readyz(request: Request) -> JSONResponse:
         "ready": ready,
         "router": state.router.status(),
         "policy": policy,
+        # a warning, never a reason to be unready: the catalog in force still serves
+        "catalog": await asyncio.to_thread(state.catalog_file.status),
         "keys": keys,
         "store": state.stores.status(),
         "workers": workers,
@@ -223,6 +226,8 @@ async def admin_workers(request: Request) -> JSONResponse:
                 {"worker": e.worker, "rule": e.rule, "reason": e.reason} for e in admission.excluded
             ],
             "catalog": [w.model_dump(mode="json") for w in state.catalog.workers],
+            # the catalog above is the one in force; this says whether the file on disk still matches
+            "catalog_file": await asyncio.to_thread(state.catalog_file.status),
         }
     )
 
@@ -260,24 +265,16 @@ async def admin_put_policy(request: Request) -> JSONResponse:
     except UnicodeDecodeError:
         raise APIError(400, "the policy must be UTF-8 text", code="invalid_policy") from None
     try:
-        engine = await asyncio.to_thread(
-            state.policy.replace, text, f"{admin.id} ({admin.name})", lambda e: _judges_in_catalog(e, state)
-        )
+        # validated, checked against the catalog, written and swapped as a file edit is; a refusal is
+        # logged and audited the same way too (policies/loader.py)
+        engine = await asyncio.to_thread(state.policy.replace, text, f"{admin.id} ({admin.name})")
     except PolicyError as exc:
         raise APIError(400, str(exc), code="invalid_policy") from None
+    except PolicyNotWritable as exc:  # e.g. the Helm chart's read-only ConfigMap mount
+        if exc.read_only:
+            raise APIError(409, str(exc), code="policy_file_read_only") from None
+        raise APIError(503, str(exc), type="server_error", code="policy_write_failed") from None
     return JSONResponse({"version": engine.version, "status": state.policy.status()})
-
-
-def _judges_in_catalog(engine, state: AppState) -> None:
-    """A tenant's judge must be a worker of this gateway's catalog: refused up front, where otherwise
-    every sampled answer would fail to grade (counted as unknown_worker) until someone looked."""
-    unknown = sorted(
-        f"{tenant} -> {config.judge.worker}"
-        for tenant, config in engine.policy.tenants.items()
-        if config.judge is not None and state.catalog.get(config.judge.worker) is None
-    )
-    if unknown:
-        raise PolicyError(f"judge worker not in the catalog: {', '.join(unknown)}")
 
 
 @router.get("/admin/policies/status")

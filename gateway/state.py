@@ -23,11 +23,17 @@ from policies import (
     Admission,
     AuditLog,
     Catalog,
+    CatalogFile,
+    Policy,
+    PolicyError,
     PolicySource,
     Worker,
     admit,
+    check_against_catalog,
     load_catalog,
+    parse_policy,
 )
+from router.compose import WORKFLOWS
 
 log = logging.getLogger("polyroute.gateway")
 
@@ -42,6 +48,7 @@ class AppState:
     client: WorkerClient
     policy: PolicySource
     stores: Stores
+    catalog_file: CatalogFile  # the catalog file on disk vs the catalog in force (policies/catalog_file.py)
     local: dict[str, LocalWorkerProcess] = field(default_factory=dict)
     background: set[asyncio.Task] = field(default_factory=set)
     judge: Judge = field(default_factory=Judge)  # judge-labelled traffic (gateway/judge.py)
@@ -100,15 +107,48 @@ def bootstrap_admin_key(store: KeyStore, settings: Settings) -> None:
     log.warning("created an admin key in %s (mode 0600); set POLYROUTE_ADMIN_KEY to use your own", path)
 
 
+POLICY_AUDIT = "policy-audit.jsonl"
+LEDGER_FILE = "ledger.jsonl"
+
+
 def policy_path(settings: Settings) -> Path:
-    """The operator's policy file; on first start the embedded default is copied there to edit."""
+    """The operator's policy file; on a true first start the embedded default is copied there to edit.
+
+    Only on a first start: a data dir that has served before (it holds the policy audit log, where
+    seeding the default is the first entry, or a ledger) and has lost its policy file refuses to start.
+    Copying the default there would put the shipped policy in force in place of the operator's,
+    silently — for a fail-closed gateway, the one outcome worse than not starting."""
     if settings.policy_file is not None:
         return Path(settings.policy_file)
-    path = Path(settings.data_dir) / "policy.yaml"
-    if not path.exists():
-        shutil.copyfile(DEFAULT_POLICY_PATH, path)
-        log.info("wrote the default policy to %s; edit it (hot-reloaded) or PUT /admin/policies", path)
+    data_dir = Path(settings.data_dir)
+    path = data_dir / "policy.yaml"
+    if path.exists():
+        return path
+    served = [name for name in (POLICY_AUDIT, LEDGER_FILE) if (data_dir / name).exists()]
+    if served:
+        message = (
+            f"the policy file {path} is missing, and this data dir has served before (it holds "
+            f"{' and '.join(served)}): refusing to start rather than put the shipped default policy in "
+            f"force in place of yours. Restore your policy file ({POLICY_AUDIT} records every change as "
+            f"a diff), or copy the default ({DEFAULT_POLICY_PATH}) there to start from it deliberately"
+        )
+        log.error(message)
+        raise PolicyError(message)
+    text = DEFAULT_POLICY_PATH.read_text(encoding="utf-8")
+    shutil.copyfile(DEFAULT_POLICY_PATH, path)
+    _, version = parse_policy(text, str(DEFAULT_POLICY_PATH))
+    AuditLog(data_dir / POLICY_AUDIT).append("startup", "seeded", "", text, None, version)
+    log.info("wrote the default policy to %s; edit it (hot-reloaded) or PUT /admin/policies", path)
     return path
+
+
+def catalog_check(catalog: Catalog):
+    """The check every policy version passes before it is put in force: it fits this catalog."""
+
+    def check(policy: Policy, source: str) -> None:
+        check_against_catalog(policy, catalog, source, workflows=WORKFLOWS)
+
+    return check
 
 
 def build_state(settings: Settings, catalog: Catalog | None = None) -> AppState:
@@ -118,7 +158,7 @@ def build_state(settings: Settings, catalog: Catalog | None = None) -> AppState:
     store = open_key_store(data_dir, settings.redis_url, settings.key_reload_interval_s)
     bootstrap_admin_key(store, settings)
     metrics = Metrics()
-    policy = PolicySource(policy_path(settings), AuditLog(data_dir / "policy-audit.jsonl"))
+    policy = PolicySource(policy_path(settings), AuditLog(data_dir / POLICY_AUDIT), catalog_check(catalog))
     if policy.engine is None:
         log.error("no valid policy: every chat request is refused until one loads (%s)", policy.last_error)
     router_dir = settings.router_dir or data_dir / "router"
@@ -147,6 +187,7 @@ def build_state(settings: Settings, catalog: Catalog | None = None) -> AppState:
             fast_path=settings.fast_path,
         ),
         policy=policy,
+        catalog_file=CatalogFile(catalog),
         stores=open_stores(data_dir, settings.redis_url, settings.ledger_buffer_max),
         judge=Judge(settings.judge_seed),
     )

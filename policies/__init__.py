@@ -16,9 +16,11 @@ from policies.catalog import (
     load_catalog,
     parse_catalog,
 )
+from policies.catalog_check import catalog_problems, check_against_catalog
+from policies.catalog_file import CatalogFile
 from policies.cost import estimate_tokens, predicted_cost
 from policies.engine import Classification, PolicyEngine, PolicyRequest, PolicyRequestError, Spend
-from policies.loader import DEFAULT_POLICY_PATH, AuditLog, PolicySource, compile_policy
+from policies.loader import DEFAULT_POLICY_PATH, AuditLog, PolicyNotWritable, PolicySource, compile_policy
 from policies.schema import Policy, PolicyError, Rule, parse_policy
 
 __all__ = [
@@ -29,11 +31,14 @@ __all__ = [
     "Policy",
     "PolicyEngine",
     "PolicyError",
+    "PolicyNotWritable",
     "PolicyRequest",
     "PolicyRequestError",
     "PolicySource",
     "Rule",
     "Spend",
+    "catalog_problems",
+    "check_against_catalog",
     "compile_policy",
     "estimate_tokens",
     "parse_policy",
@@ -43,6 +48,7 @@ __all__ = [
     "Architecture",
     "Catalog",
     "CatalogError",
+    "CatalogFile",
     "Exclusion",
     "Kind",
     "LocalServer",

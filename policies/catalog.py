@@ -9,6 +9,7 @@ an invalid file is rejected with every error named, never half-loaded.
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
 from decimal import Decimal
 from enum import StrEnum
@@ -272,6 +273,13 @@ class Catalog(BaseModel):
 
     version: int = 1
     workers: tuple[Worker, ...] = Field(min_length=1)
+    # The file and sha256 of the text this catalog was read from (load_catalog), None when it was
+    # built from a string: what the gateway compares the file on disk against (policies/catalog_file.py).
+    _source: tuple[Path, str] | None = PrivateAttr(None)
+
+    @property
+    def source(self) -> tuple[Path, str] | None:
+        return self._source
 
     @field_validator("workers")
     @classmethod
@@ -324,4 +332,11 @@ def load_catalog(path: str | Path | None = None) -> Catalog:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise CatalogError(f"{path}: cannot read catalog: {exc.strerror or exc}") from exc
-    return parse_catalog(text, str(path))
+    catalog = parse_catalog(text, str(path))
+    catalog._source = (path, text_digest(text))
+    return catalog
+
+
+def text_digest(text: str) -> str:
+    """sha256 of a catalog file's text: which version of the file a catalog was read from."""
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()

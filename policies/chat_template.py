@@ -25,6 +25,8 @@ from typing import Any
 
 import yaml
 
+from policies.yamlfile import load_yaml
+
 # Next to workers.yaml, so the package data that ships it (defaults/*.yaml) ships them too.
 BUILTIN_DIR = Path(__file__).parent / "defaults"
 BUILTIN_PREFIX = "chat-template."
@@ -123,7 +125,7 @@ def load_chat_template(spec: str) -> ChatTemplate:
     source = str(path)
     try:
         text = path.read_text(encoding="utf-8")
-        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+        data = json.loads(text) if path.suffix == ".json" else load_yaml(text)  # repeated keys refused
     except (OSError, ValueError, yaml.YAMLError) as exc:
         raise ChatTemplateError(f"{source}: cannot read chat template: {exc}") from exc
     if not isinstance(data, dict):

@@ -17,11 +17,13 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from policies.admission import BUDGET_RULE_PREFIX, UNAVAILABLE
 from policies.catalog import Tier
 from policies.detect import BUILTIN_KINDS
-from policies.yamlfile import parse_yaml_model
+from policies.yamlfile import PlacedProblems, parse_yaml_model
 
 Money = Annotated[Decimal, Field(ge=0, max_digits=14, decimal_places=8)]
 Name = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$")]
 RESERVED_RULE_PREFIX = BUDGET_RULE_PREFIX  # the engine's budget exclusions: budget:daily, budget:monthly
+AUTO_MODEL = "auto"  # the router's choice: not an alias name
+WORKFLOW_PREFIX = "compose:"  # `compose:<workflow>` names a workflow (router/compose): not an alias name
 
 # ISO 3166 codes of the EU member states: `EU` in a jurisdiction list means any of them.
 EU_MEMBERS = (
@@ -252,61 +254,92 @@ class Policy(Strict):
 
     @model_validator(mode="after")
     def _references_exist(self) -> Policy:
+        """Checks that span fields; each problem is reported at its own place (PlacedProblems)."""
         known = set(self.data_classes)
-        problems = []
+        problems: list[tuple] = []  # (where, message[, places the message names]): PlacedProblems
         if self.default_data_class not in known:
-            problems.append(f"default_data_class {self.default_data_class!r} is not in data_classes")
+            problems.append((("default_data_class",), f"{self.default_data_class!r} is not in data_classes"))
         for kind, data_class in self.detection.kinds.items():
             if data_class not in known:
-                problems.append(f"detection.kinds.{kind}: unknown data class {data_class!r}")
+                problems.append((("detection", "kinds", kind), f"unknown data class {data_class!r}"))
             if kind not in BUILTIN_KINDS and kind not in self.detection.custom:
                 problems.append(
-                    f"detection.kinds.{kind}: no such detector (built-in: {', '.join(BUILTIN_KINDS)}; "
-                    "or define it under detection.custom)"
+                    (
+                        ("detection", "kinds", kind),
+                        f"no such detector (built-in: {', '.join(BUILTIN_KINDS)}; "
+                        "or define it under detection.custom)",
+                    )
                 )
         for kind, pattern in self.detection.custom.items():
             if kind not in self.detection.kinds:
-                problems.append(f"detection.custom.{kind}: map it to a data class under detection.kinds")
+                problems.append(
+                    (("detection", "custom", kind), "map it to a data class under detection.kinds")
+                )
             try:
                 re.compile(pattern)
             except re.error as exc:
-                problems.append(f"detection.custom.{kind}: invalid regex: {exc}")
+                problems.append((("detection", "custom", kind), f"invalid regex: {exc}"))
         for name, tenant in self.tenants.items():
             if tenant.data_class is not None and tenant.data_class not in known:
-                problems.append(f"tenants.{name}.data_class: unknown data class {tenant.data_class!r}")
-        seen: set[str] = set()
-        for rule in self.rules:
-            if rule.id in seen:
-                problems.append(f"duplicate rule id {rule.id!r}")
-            seen.add(rule.id)
+                problems.append(
+                    (("tenants", name, "data_class"), f"unknown data class {tenant.data_class!r}")
+                )
+        first: dict[str, int] = {}
+        for i, rule in enumerate(self.rules):
+            if rule.id in first:
+                problems.append(
+                    (
+                        ("rules", i, "id"),
+                        f"duplicate rule id {rule.id!r} (first at {{first}})",
+                        {"first": ("rules", first[rule.id])},
+                    )
+                )
+            first.setdefault(rule.id, i)
             for data_class in rule.when.data_classes:
                 if data_class not in known:
-                    problems.append(f"rule {rule.id}: unknown data class {data_class!r}")
+                    problems.append(
+                        (("rules", i, "when", "data_classes"), f"unknown data class {data_class!r}")
+                    )
         for name in sorted(set(self.aliases) & set(self.embedding_aliases)):
-            problems.append(f"alias {name!r} is both a chat alias and an embedding alias")
+            problems.append((("aliases", name), "is both a chat alias and an embedding alias"))
+        problems += self._reserved_alias_names()
         problems += self._unknown_jurisdictions()
         if problems:
-            raise ValueError("; ".join(problems))
+            raise PlacedProblems(problems)
         return self
 
-    def _unknown_jurisdictions(self) -> list[str]:
+    def _reserved_alias_names(self) -> list[tuple[tuple[str | int, ...], str]]:
+        """`auto` and `compose:<workflow>` are model names the gateway answers itself: an alias named
+        so would never be reached (or, for an embeddings alias, shadow a refusal)."""
+        found = []
+        for where, names in (("aliases", self.aliases), ("embedding_aliases", self.embedding_aliases)):
+            for name in names:
+                if name.lower() == AUTO_MODEL or name.lower().startswith(WORKFLOW_PREFIX):
+                    found.append(
+                        (
+                            (where, name),
+                            f"alias name {name!r} is reserved: `{AUTO_MODEL}` and names starting with "
+                            f"`{WORKFLOW_PREFIX}` are the gateway's own models",
+                        )
+                    )
+        return found
+
+    def _unknown_jurisdictions(self) -> list[tuple[tuple[str | int, ...], str]]:
         """Jurisdiction codes that are neither ISO 3166-1 countries, nor groups, nor `local`."""
         groups = self.groups()
         valid = ISO_COUNTRIES | SPECIAL_JURISDICTIONS | set(groups)
-        found = []
+        found: list[tuple[tuple[str | int, ...], str]] = []
         for name, members in self.jurisdiction_groups.items():
-            found += [(f"jurisdiction_groups.{name}", c) for c in members if c.upper() not in ISO_COUNTRIES]
-        for rule in self.rules:
+            found += [(("jurisdiction_groups", name), c) for c in members if c.upper() not in ISO_COUNTRIES]
+        for i, rule in enumerate(self.rules):
             for field in ("allow_jurisdictions", "deny_jurisdictions"):
                 found += [
-                    (f"rule {rule.id}: {field}", c)
-                    for c in getattr(rule, field) or ()
-                    if c.upper() not in valid
+                    (("rules", i, field), c) for c in getattr(rule, field) or () if c.upper() not in valid
                 ]
         if not found:
             return []
         hint = f"valid: ISO 3166-1 alpha-2 country codes (e.g. US, DE, FR), `local`, or a group ({', '.join(sorted(groups))})"
-        return [f"{where}: unknown jurisdiction {code!r}; {hint}" for where, code in found]
+        return [(where, f"unknown jurisdiction {code!r}; {hint}") for where, code in found]
 
     def strictness(self, data_class: str) -> int:
         return self.data_classes.index(data_class)

@@ -120,8 +120,10 @@ def serve(
         datefmt="[%X]",
         handlers=[RichHandler(console=console, show_path=False)],
     )
+    from rich.markup import escape
+
     from gateway import Settings, create_app
-    from policies import CatalogError, load_catalog
+    from policies import CatalogError, PolicyError, load_catalog
 
     settings = Settings.from_env(
         host=host, port=port, workers_file=workers_file, data_dir=data_dir, local_workers=local_workers
@@ -136,7 +138,11 @@ def serve(
             _prepare_local_models(catalog, Path(settings.data_dir) / "models")
         except (OSError, RuntimeError) as exc:
             console.print(f"[yellow]local model unavailable:[/] {exc} — serving without it")
-    application = create_app(settings, catalog)
+    try:
+        application = create_app(settings, catalog)
+    except PolicyError as exc:  # e.g. the policy file of a data dir that has served is gone
+        console.print(f"[red]cannot start:[/] {escape(str(exc))}")
+        raise typer.Exit(2) from None
     console.print(
         f"[bold green]polyroute[/] on http://{settings.host}:{settings.port}/v1 "
         f"(data dir {Path(settings.data_dir).resolve()})"
@@ -236,23 +242,40 @@ def _policy_file(policy: Path | None, data_dir: Path | None) -> Path:
 
 
 @policies_app.command("validate")
-def policies_validate(file: Path) -> None:
-    """Check a policy file as the gateway would; exit 2 with every problem named if it is invalid."""
-    from policies import PolicyError, compile_policy
+def policies_validate(
+    file: Path,
+    workers_file: Annotated[
+        Path | None,
+        typer.Option(
+            help="the worker catalog the policy must fit [env POLYROUTE_WORKERS_FILE, default: embedded], "
+            "as `serve` reads it"
+        ),
+    ] = None,
+) -> None:
+    """Check a policy file as the gateway would — valid, and fitting the worker catalog (judges,
+    embeddings aliases, the models rules are scoped to); exit 2 with every problem named if not."""
+    from rich.markup import escape
 
+    from policies import PolicyError, check_against_catalog, compile_policy
+    from router.compose import WORKFLOWS
+
+    catalog = _offline_catalog(workers_file, 2)
     try:
         engine = compile_policy(file.read_text(encoding="utf-8"), str(file))
+        check_against_catalog(engine.policy, catalog, str(file), workflows=WORKFLOWS)
     except OSError as exc:
-        console.print(f"[red]{file}: cannot read: {exc.strerror or exc}[/]")
+        console.print(f"[red]{escape(f'{file}: cannot read: {exc.strerror or exc}')}[/]")
         raise typer.Exit(2) from None
     except PolicyError as exc:
-        console.print(f"[red]{exc}[/]")
+        console.print(f"[red]{escape(str(exc))}[/]")
         raise typer.Exit(2) from None
     policy = engine.policy
+    catalog_path = _workers_file(workers_file) or "the embedded catalog"
     console.print(
-        f"[green]valid[/] {file}: version {engine.version}, {len(policy.rules)} rules, "
+        f"[green]valid[/] {escape(str(file))}: version {engine.version}, {len(policy.rules)} rules, "
         f"data classes {' < '.join(policy.data_classes)}, {len(policy.tenants)} tenants, "
-        f"{len(engine.detectors)} detectors"
+        f"{len(engine.detectors)} detectors; "
+        f"fits {escape(str(catalog_path))} ({len(catalog.workers)} workers)"
     )
 
 

@@ -324,7 +324,8 @@ def test_a_judge_outside_the_catalog_is_refused_when_the_policy_is_put(make_gate
         content=yaml.safe_dump({**policy({**JUDGE, "worker": "no-such-worker"}), "version": "typo"}),
         timeout=30,
     )
-    assert put.status_code == 400 and "judge worker not in the catalog: acme -> no-such-worker" in put.text
+    assert put.status_code == 400
+    assert "tenants.acme.judge.worker: 'no-such-worker' is not in the catalog" in put.json()["error"]["message"]
     after = httpx.get(gw.url + "/admin/policies", headers=gw.auth(gw.admin_key), timeout=30).text
     assert after == before  # the policy in force is unchanged
 

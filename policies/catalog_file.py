@@ -1,0 +1,123 @@
+"""Has the worker catalog file changed on disk since the gateway read it?
+
+The catalog is read once, at start: a worker's endpoint, price or jurisdiction is baked into the
+router, the local worker processes and every policy verdict, so an edit takes effect on restart
+(the policy file, by contrast, is hot-reloaded). An edit that silently does nothing is a trap —
+an operator who moves a worker out of the EU on disk would believe requests follow — so the
+gateway says so: /readyz and GET /admin/workers carry this status, and the log says it once per
+version of the file. Whether a restart would succeed is said too: the changed file is validated.
+
+The file is looked at no more than every `interval_s` (a stat; the text is read and hashed only
+when the stat changed), so a probe every second costs nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from pathlib import Path
+
+from policies.catalog import Catalog, CatalogError, parse_catalog, text_digest
+
+log = logging.getLogger("polyroute.policies")
+
+CHECK_INTERVAL_S = 5.0
+RESTART = "catalog edits take effect when the gateway restarts"
+
+
+class CatalogFile:
+    """The file a catalog in force was read from (Catalog.source), compared with the file on disk."""
+
+    def __init__(self, catalog: Catalog, interval_s: float = CHECK_INTERVAL_S) -> None:
+        source = catalog.source
+        self.path: Path | None = source[0] if source else None
+        self.digest: str | None = source[1] if source else None
+        self.interval_s = interval_s
+        self._lock = threading.Lock()
+        self._checked_at: float | None = None
+        self._stat: tuple[int, int, int] | None = None
+        self._status: dict = self._same()
+        self._logged: str | None = self.digest  # the on-disk version the log last spoke of
+
+    def status(self) -> dict:
+        """{path, sha256 (in force), on_disk: unchanged|changed|missing|unreadable|not_watched,
+        on_disk_sha256, on_disk_error, warning}; `warning` is None unless the file differs."""
+        if self.path is None:  # built in code (tests, embedding the gateway): no file to compare
+            return {**self._same(), "on_disk": "not_watched"}
+        with self._lock:
+            now = time.monotonic()
+            if self._checked_at is None or now - self._checked_at >= self.interval_s:
+                self._checked_at = now
+                self._look()
+            return dict(self._status)
+
+    def _look(self) -> None:
+        assert self.path is not None
+        try:
+            st = self.path.stat()
+        except FileNotFoundError:
+            self._stat = None
+            self._report("missing", None, f"{self.path} is missing")
+            return
+        except OSError as exc:
+            self._stat = None
+            self._report("unreadable", None, f"{self.path} cannot be read: {exc.strerror or exc}")
+            return
+        stat = (st.st_mtime_ns, st.st_size, st.st_ino)
+        if stat == self._stat:
+            return  # the same file as last time: the same status
+        try:
+            text = self.path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            self._stat = None
+            self._report("unreadable", None, f"{self.path} cannot be read: {exc}")
+            return
+        self._stat = stat
+        digest = text_digest(text)
+        if digest == self.digest:
+            self._report("unchanged", digest, None)
+            return
+        try:
+            parse_catalog(text, str(self.path))
+            error = None
+        except CatalogError as exc:
+            error = str(exc)
+        self._report("changed", digest, error)
+
+    def _report(self, on_disk: str, digest: str | None, error: str | None) -> None:
+        if on_disk == "unchanged":
+            if self._logged != self.digest:
+                log.info("the worker catalog %s matches the catalog in force again", self.path)
+            self._status, self._logged = self._same(), self.digest
+            return
+        if on_disk == "changed":
+            warning = (
+                f"the worker catalog {self.path} changed on disk; the gateway serves the catalog it "
+                f"started with: {RESTART}"
+            )
+            if error is not None:
+                warning += f". The file on disk is invalid, so a restart would fail: {error}"
+        else:
+            warning = f"the worker catalog {error}; the gateway serves the catalog it started with"
+        self._status = {
+            **self._same(),
+            "on_disk": on_disk,
+            "on_disk_sha256": digest,
+            "on_disk_error": error if on_disk == "changed" else None,
+            "warning": warning,
+        }
+        version = digest or on_disk
+        if version != self._logged:  # once per version of the file (or per absence)
+            self._logged = version
+            log.warning(warning)
+
+    def _same(self) -> dict:
+        return {
+            "path": str(self.path) if self.path else None,
+            "sha256": self.digest,
+            "on_disk": "unchanged",
+            "on_disk_sha256": self.digest,
+            "on_disk_error": None,
+            "warning": None,
+        }
