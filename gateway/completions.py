@@ -2,7 +2,8 @@
 
 Fallback walks the router's ranking, which holds only admissible workers; a pinned worker gets
 retries but no fallback (the client named it). A stream falls back only before its first byte;
-after that, a failure ends the stream with an error event.
+after that, a failure ends the stream with an error event. A workflow `auto` chose that produces no
+answer falls back the same way, over the ranked workers it did not try (gateway/compose.py).
 """
 
 from __future__ import annotations
@@ -492,6 +493,8 @@ class Exchange:
     settled_micros: int = 0  # ... as the budget counted them (rounded up per settle)
     route: RouteRequest | None = None  # what the router saw: its choice is logged for offline evaluation
     degraded: compose.Composition | None = None  # a workflow answered in fast mode: traced as such
+    # workers fast mode does not try: those the workflow `auto` chose already tried (compose.respond)
+    skip: frozenset[str] = frozenset()
     explain: bool = False  # x-polyroute-trace: 1 (the trace goes to the client too)
     wire: Wire = OPENAI  # the client's API: how the answer is written
     trace: tracing.RequestTrace = field(default_factory=tracing.current)  # its span (tracing.OFF: none)
@@ -777,7 +780,10 @@ async def serve(request: Request, wire: Wire) -> Response:
     log.debug("request %s tenant=%s -> %s", request_id, key.tenant, [w.name for w in decision.workers])
     try:
         if composition.workflow is not None:
-            return await wire.composed(await compose.respond(state, request, exchange, composition))
+            composed = await compose.respond(state, request, exchange, composition)
+            if composed is not None:
+                return await wire.composed(composed)
+            # the workflow auto chose produced no answer: fast mode over the workers it did not try
         if chat.stream:
             return await _stream(state, exchange)
         return await _complete(state, exchange)
@@ -827,6 +833,8 @@ async def first_success(
     failures = [] if failures is None else failures
     too_long_for = 0  # the largest context window a worker found this prompt too long for
     for worker in ex.decision.workers:
+        if worker.name in ex.skip:
+            continue  # a workflow auto chose tried it, and produced no answer
         if too_long_for and worker.context_window <= too_long_for:
             continue  # the same prompt would overflow a window no larger
         try:
@@ -984,7 +992,10 @@ async def _failed(
         "x-polyroute-worker": worker,
     }
     ex.trace.error(err.status, err.code or err.type)
-    await ex.finish(state, None, err.status, failures)
+    trace = None
+    if ex.degraded is not None:  # a workflow answered in fast mode, and nobody answered: traced as such
+        trace = compose.degraded_trace(ex.degraded, None, 0, 0, Decimal(0), failures)
+    await ex.finish(state, None, err.status, failures, trace=trace)
     state.metrics.errors.labels(err.code or err.type).inc()
     state.metrics.requests.labels(worker, ex.decision.strategy, str(err.status)).inc()
     return ex.wire.error(err)

@@ -12,7 +12,11 @@ the actual total; each step is checked against that ceiling before it runs. Noth
 the workflow ends, so the client's connection is watched meanwhile: once it has gone no step
 starts, and the ledger says 499. The final answer is returned as a chat.completion or streamed as
 SSE chunks; the trace (every step's worker, cost, verdict) goes to the ledger and, with
-`x-polyroute-trace: 1`, to the client.
+`x-polyroute-trace: 1`, to the client. However the workflow ends — no answer (502), a fault (500),
+the request cancelled at shutdown (503) — what its answered steps cost is settled on the budget and
+written to the ledger. A workflow `auto` chose (not one the client asked for) that produces no
+answer hands the request to fast mode over the admissible workers it did not try, as fast mode
+falls back, its steps billed all the same.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import logging
 import math
 import time
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Any
@@ -48,6 +52,7 @@ from router.compose import (
     Ensemble,
     JudgeVerifier,
     ModelVerifier,
+    Outcome,
     Run,
     predict_cascade,
     requested_workflow,
@@ -109,6 +114,9 @@ class Composition:
     costs: tuple[float, ...] = ()
     latency_weight: float = 0.0
     requested: str | None = None  # the workflow asked for (or chosen) when it was degraded to fast mode
+    auto: bool = False  # chosen by `auto` (the router), not asked for by the client's compose:<workflow>
+    # a workflow that ran and produced no answer before fast mode answered: its steps (trace form)
+    steps: tuple[dict[str, Any], ...] = ()
 
     @property
     def degraded(self) -> bool:
@@ -195,8 +203,8 @@ def _cannot_start(
     (metadata.max_cost_usd below the gateway's) is the client's bound: kept, and the workflow calls
     nobody and says so rather than spend past it. None: the workflow can start (or the client's bound
     decides)."""
-    asked, ceiling = _asked_ceiling(chat), _gateway_ceiling(state, admission)
-    if asked is not None and asked < ceiling:
+    ceiling = _gateway_ceiling(state, admission)
+    if _client_bound(state, chat, admission):
         return None
     messages = memory.workflow_messages(recalled, chat.messages_payload())
     prompt_chars, output = chars(messages), chat.output_budget()
@@ -254,9 +262,10 @@ async def plan(
                 )
             if degraded := _cannot_start(state, chat, admission, recalled, decision.workers, "plan"):
                 return degraded
-            return await _planned(
+            planned = await _planned(
                 router, route, chat, decision.workers, settings, weight, "answer-aware plan", "chosen"
             )
+            return replace(planned, auto=True)
         if not settings.compose_auto or decision.strategy != "fast" or len(decision.workers) < 2:
             return Composition()
         estimates = await _estimates(router, route, decision.workers)
@@ -266,7 +275,12 @@ async def plan(
         if degraded := _cannot_start(state, chat, admission, recalled, decision.workers, "cascade"):
             return degraded
         return Composition(
-            "cascade", _by_strength(decision.workers, estimates, chat), prediction.reason, "chosen", weight
+            "cascade",
+            _by_strength(decision.workers, estimates, chat),
+            prediction.reason,
+            "chosen",
+            weight,
+            auto=True,
         )
     if forced == "plan" and planner is None:
         raise APIError(
@@ -298,16 +312,29 @@ async def plan(
 
 def degraded_trace(
     composition: Composition,
-    worker: str,
+    worker: str | None,
     prompt_tokens: int,
     completion_tokens: int,
     cost_usd: Decimal,
     failures=(),
 ) -> dict[str, Any]:
     """The trace of a workflow answered in fast mode: shaped like a workflow's (`steps` included),
-    saying that it degraded and why, with the workers tried (failed, then the one that answered)."""
+    saying that it degraded and why, with the steps of the workflow when it ran and produced no
+    answer, then the workers fast mode tried (failed, then the one that answered; ``worker`` None:
+    none did). Its cost is the workflow's steps' and the answer's."""
+    ran = sum((Decimal(step.get("cost_usd") or 0) for step in composition.steps), Decimal(0))
     tried = [
         {"role": "answer", "worker": f.worker, "cost_usd": "0", "error": f.message[:300]} for f in failures
+    ]
+    answered = [
+        {
+            "role": "answer",
+            "worker": worker,
+            "cost_usd": f"{cost_usd:f}",
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "verdict": "fast mode (degraded)",
+        }
     ]
     return {
         "workflow": composition.requested,
@@ -315,18 +342,8 @@ def degraded_trace(
         "degraded": True,
         "note": composition.note,
         "final_worker": worker,
-        "cost_usd": f"{cost_usd:f}",
-        "steps": [
-            *tried,
-            {
-                "role": "answer",
-                "worker": worker,
-                "cost_usd": f"{cost_usd:f}",
-                "prompt_tokens": prompt_tokens,
-                "completion_tokens": completion_tokens,
-                "verdict": "fast mode (degraded)",
-            },
-        ],
+        "cost_usd": f"{ran + cost_usd:f}",
+        "steps": [*composition.steps, *tried, *(answered if worker is not None else ())],
     }
 
 
@@ -337,6 +354,13 @@ def _ceiling(state, chat: ChatCompletionRequest, admission) -> Decimal:
     ceiling = _gateway_ceiling(state, admission)
     asked = _asked_ceiling(chat)
     return ceiling if asked is None else min(asked, ceiling)
+
+
+def _client_bound(state, chat: ChatCompletionRequest, admission) -> bool:
+    """Whether the client set the workflow's ceiling itself (metadata.max_cost_usd below the
+    gateway's): its bound, which `auto` keeps rather than answer in fast mode past it."""
+    asked = _asked_ceiling(chat)
+    return asked is not None and asked < _gateway_ceiling(state, admission)
 
 
 def _gateway_ceiling(state, admission) -> Decimal:
@@ -482,9 +506,14 @@ def _asker(state):
     return ask
 
 
-async def respond(state, request: Request, ex, composition: Composition) -> Response:
-    """Run the workflow inside the reserved ceiling and answer (JSON or SSE) with its trace."""
-    from gateway.completions import BudgetRefusal, format_cost
+async def respond(state, request: Request, ex, composition: Composition) -> Response | None:
+    """Run the workflow inside the reserved ceiling and answer (JSON or SSE) with its trace.
+
+    None: the workflow `auto` chose produced no answer, and fast mode is to answer over the admissible
+    workers it did not try (gateway/completions.py): ``ex`` is ready for it — the steps' cost settled
+    on the budget and kept for the ledger record (`Exchange.settled`), the workers tried skipped, the
+    degraded note and the workflow's steps in ``ex.degraded``."""
+    from gateway.completions import BudgetRefusal
 
     chat = ex.chat
     try:
@@ -506,6 +535,7 @@ async def respond(state, request: Request, ex, composition: Composition) -> Resp
         )
         err.headers = headers
         await ex.finish(state, None, err.status, [refusal], strategy=strategy)
+        _count_failure(state, ex, strategy, err.code or err.type, str(err.status))
         return error_response(err)
     params = {k: v for k in SAMPLING if (v := getattr(chat, k)) is not None}
     deadline = asyncio.get_running_loop().time() + ex.remaining(state)
@@ -523,17 +553,33 @@ async def respond(state, request: Request, ex, composition: Composition) -> Resp
         step_timeout_s=state.settings.compose_step_timeout_s,
         seed=zlib.crc32(ex.request_id.encode()),
     )
-    # nothing is sent before the workflow ends, so a client that hangs up is noticed here or never
-    watcher = asyncio.create_task(_stop_when_gone(request, run))
+    books = _Books(state)  # from here until the books are written, the shutdown waits for them
     try:
-        with tracing.step("compose", **{"polyroute.workflow": composition.workflow}):
-            outcome = await workflow.run(run)
-    except BaseException:
+        # nothing is sent before the workflow ends, so a client that hangs up is noticed here or never
+        watcher = asyncio.create_task(_stop_when_gone(request, run))
+        try:
+            with tracing.step("compose", **{"polyroute.workflow": composition.workflow}):
+                outcome = await workflow.run(run)
+        except BaseException as exc:
+            watcher.cancel()
+            # what the answered steps cost is owed however the run ended: booked in a task of its
+            # own, which a second cancellation (the shutdown's) does not stop
+            await books.write(_ended_by(state, ex, composition, run, strategy, exc))
+            raise
         watcher.cancel()
-        await ex.release(state)
-        raise
-    watcher.cancel()
-    await asyncio.wait([watcher])  # its read of the connection ends before the response's begins
+        await asyncio.wait([watcher])  # its read of the connection ends before the response's begins
+        return await _answer(state, request, ex, composition, run, outcome, strategy, headers)
+    finally:
+        books.done()
+
+
+async def _answer(
+    state, request: Request, ex, composition: Composition, run: Run, outcome, strategy: str, headers: dict
+) -> Response | None:
+    """The workflow's outcome as the response, once it ended (see :func:`respond`)."""
+    from gateway.completions import format_cost
+
+    chat = ex.chat
     trace = outcome.trace()
     prompt_tokens = sum(s.prompt_tokens for s in outcome.steps)
     completion_tokens = sum(s.completion_tokens for s in outcome.steps)
@@ -549,9 +595,12 @@ async def respond(state, request: Request, ex, composition: Composition) -> Resp
             state, ex, outcome, strategy, headers, trace, prompt_tokens, completion_tokens
         )
     if final is None:
+        if await _to_fast_mode(state, ex, composition, run, outcome, prompt_tokens, completion_tokens):
+            return None
         await ex.finish(
             state, None, 502, [], prompt_tokens, completion_tokens, outcome.cost_usd, strategy, trace
         )
+        _count_failure(state, ex, strategy, "workflow_failed", "502")
         err = APIError(
             502,
             f"the {composition.workflow} workflow produced no answer: {outcome.note}",
@@ -589,6 +638,109 @@ async def respond(state, request: Request, ex, composition: Composition) -> Resp
         orjson.dumps(_completion(final, usage, extra, ex.request_id)),
         media_type="application/json",
         headers=headers,
+    )
+
+
+def _count_failure(state, ex, strategy: str, error: str, status: str) -> None:
+    """A composed request that ended without an answer, in the request, error and latency metrics,
+    as fast mode counts its failures."""
+    state.metrics.errors.labels(error).inc()
+    state.metrics.requests.labels("-", strategy, status).inc()
+    state.metrics.latency.labels(str(ex.chat.stream).lower()).observe(time.perf_counter() - ex.started)
+
+
+async def _to_fast_mode(
+    state, ex, composition: Composition, run: Run, outcome, prompt_tokens: int, completion_tokens: int
+) -> bool:
+    """Whether fast mode answers instead of the 502 of a workflow without an answer: yes when `auto`
+    chose the workflow (a client's compose:<workflow> asked for that workflow, and gets its outcome),
+    time is left, the client set no ceiling of its own (metadata.max_cost_usd below the gateway's is
+    kept, as when the workflow cannot start) and the workflow left an admissible worker untried.
+    Fast mode then tries those in the router's order: auto does not fail where fast mode answers.
+    The steps' cost is settled on the budget now and added to the request's ledger record."""
+    if not composition.auto or run.expired() or _client_bound(state, ex.chat, ex.admission):
+        return False
+    tried = frozenset(step.worker for step in outcome.steps if not (step.verdict or "").startswith("skipped"))
+    if all(worker.name in tried for worker in ex.decision.workers):
+        return False
+    ex.spent(prompt_tokens, completion_tokens, outcome.cost_usd)
+    await ex.release(state)  # the hold of the ceiling goes; what the steps cost stays on the budget
+    note = f"degraded: the {composition.workflow} workflow produced no answer ({outcome.note}); fast mode"
+    ex.degraded = Composition(
+        note=note, requested=composition.workflow, steps=tuple(s.public() for s in outcome.steps)
+    )
+    ex.skip = tried
+    # the router chose the workflow, not fast mode's first worker: no route record for offline
+    # evaluation (it replays single-worker choices; a composed request is none)
+    ex.route = None
+    ex.headers[COMPOSE_HEADER] = note
+    log.info("request %s: %s", ex.request_id, note)
+    return True
+
+
+class _Books:
+    """A composed request's books, pending in the gateway's background work (which the shutdown
+    awaits before it closes the ledger and flushes the budgets) from the workflow's start until they
+    are written: a request cancelled at shutdown reaches its bookkeeping only after the cancel, and
+    its record must not come after the ledger is closed."""
+
+    def __init__(self, state) -> None:
+        self._written = asyncio.get_running_loop().create_future()
+        self._writing: asyncio.Task | None = None
+        state.spawn(self._until_written())
+
+    async def _until_written(self) -> None:
+        await asyncio.shield(self._written)
+
+    async def write(self, coro) -> None:
+        """Run the bookkeeping ``coro`` in a task of its own and wait for it, shielded: cancelling
+        the request again does not stop it, and the books stay pending until it ends."""
+        self._writing = asyncio.get_running_loop().create_task(coro)
+        self._writing.add_done_callback(self._wrote)
+        await asyncio.shield(self._writing)
+
+    def _wrote(self, task: asyncio.Task) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            log.error("a composed request's bookkeeping failed", exc_info=task.exception())
+        self._end()
+
+    def done(self) -> None:
+        """The request is done with its books (unless a bookkeeping task still writes them)."""
+        if self._writing is None:
+            self._end()
+
+    def _end(self) -> None:
+        if not self._written.done():
+            self._written.set_result(None)
+
+
+async def _ended_by(state, ex, composition: Composition, run: Run, strategy: str, exc: BaseException) -> None:
+    """The workflow ended by an exception: a fault (500), the request cancelled — the gateway shutting
+    down — (503), or, the client gone, 499. The steps that answered were paid: their cost settles the
+    budget's hold and the ledger records it with the trace, as for a workflow that ended."""
+    if run.stopped is not None:
+        name, status, label = "client_disconnected", 499, "client_disconnected"
+    elif isinstance(exc, asyncio.CancelledError):
+        name, status, label = "cancelled", 503, "503"
+    else:
+        name, status, label = "workflow_error", 500, "500"
+    why = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    outcome = Outcome(None, composition.workflow or "", list(run.steps), f"ended by {why}"[:300])
+    trace = {**outcome.trace(), "ended": name}
+    await ex.finish(
+        state,
+        None,
+        status,
+        [],
+        sum(s.prompt_tokens for s in outcome.steps),
+        sum(s.completion_tokens for s in outcome.steps),
+        outcome.cost_usd,
+        strategy,
+        trace,
+    )
+    _count_failure(state, ex, strategy, name, label)
+    log.warning(
+        "request %s: %s ended by %s; its steps' $%s is billed", ex.request_id, strategy, why, outcome.cost_usd
     )
 
 
@@ -661,9 +813,12 @@ async def _hold(state, ex, pool: tuple[Worker, ...], ceiling: Decimal) -> Decima
     """Reserve the workflow's ceiling on the tenant's budget, and return the ceiling the run keeps.
 
     When less than the ceiling is left of the budget, the ceiling shrinks to what is left, as long as
-    the cheapest worker's step still fits: a tenant with $0.05 left is still answered (each step is
-    checked against the smaller ceiling, so the budget is never overspent) instead of refused
-    because the default ceiling is $0.10. Raises BudgetRefusal when not even that fits."""
+    the cheapest worker's step still fits: a tenant with $0.05 left is still answered instead of
+    refused because the default ceiling is $0.10. Each step is checked against the smaller ceiling
+    before it starts, so the budget is passed only where the ceiling is: when a step's prompt bills
+    more tokens than predicted, which the prediction leaves possible above all for the steps started
+    before any step reported usage (router/compose/base.py; outputs are bounded by max_tokens).
+    Raises BudgetRefusal when not even the cheapest step fits."""
     from gateway.completions import BudgetRefusal
     from gateway.store import to_micros
     from gateway.store.budgets import MICRO

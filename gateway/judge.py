@@ -15,7 +15,8 @@ What keeps it safe and cheap:
 - its own daily budget per tenant, reserved before the call and settled with the actual cost through
   the same budget store as tenants' budgets (key `judge:<tenant>`, shared by replicas over Redis), so
   concurrent grades cannot overspend it; the tenant's own budget is neither charged nor consulted;
-- a reply without a parsable score writes nothing.
+- a reply without a parsable score is no label: what the call cost is still written, as a
+  FeedbackRecord of source "judge_unscored" with no score, which training skips.
 Outcomes are counted in `polyroute_judge_total{tenant,outcome}`, spend in
 `polyroute_judge_cost_usd_total{tenant}`.
 """
@@ -106,7 +107,12 @@ MAX_IN_FLIGHT = 32  # grades running at once per gateway process (beyond: droppe
 
 def _settings(state: AppState, tenant: str):
     """The tenant's judge settings in the policy in force now (None: it is not judged)."""
-    engine = state.policy.engine
+    return _settings_in(state.policy.engine, tenant)
+
+
+def _settings_in(engine, tenant: str):
+    """The tenant's judge settings in one policy snapshot (None: it is not judged), so the judge
+    named and the rules that admit it come from the same version even if a reload lands between."""
     config = engine.policy.tenants.get(tenant) if engine is not None else None
     return config.judge if config is not None else None
 
@@ -173,8 +179,8 @@ class Judge:
 
     async def grade(self, state: AppState, job: Job) -> str:
         """Grade one answer under the policy and budget in force now; returns the outcome."""
-        engine = state.policy.engine
-        settings = _settings(state, job.tenant)
+        engine = state.policy.engine  # one snapshot: the judge's settings and its admission agree
+        settings = _settings_in(engine, job.tenant)
         if settings is None:  # turned off since the request was sampled
             return "disabled"
         worker = state.catalog.get(settings.worker)
@@ -229,7 +235,20 @@ class Judge:
         await budgets.settle(hold, spent)
         state.metrics.judge_cost.labels(job.tenant).inc(float(completion.cost_usd))
         score = parse_score(completion_text(completion.body))
-        if score is None:
+        if score is None:  # paid all the same: its cost goes to the ledger, as a record that is no label
+            from gateway.ledger import UNSCORED_JUDGE
+
+            state.ledger.record_feedback(
+                FeedbackRecord(
+                    job.request_id,
+                    job.tenant,
+                    None,
+                    job.worker,
+                    source=UNSCORED_JUDGE,
+                    judge=worker.name,
+                    cost_micros=spent,
+                )
+            )
             return "unparsable"
         if _settings(state, job.tenant) is None:  # judging was turned off while the judge answered
             return "disabled"

@@ -4,7 +4,9 @@ The embedded store appends to `<data dir>/ledger.jsonl` (the Redis ledger of the
 keeps the same records). The query text is kept only for data classes that may be stored
 (never PII or secrets), so training from traffic never copies personal data into the ledger.
 Feedback is its own record, joined to its request at training time; a score says where it came
-from (a user, the judge worker, a calibration probe) so training can weigh each source.
+from (a user, the judge worker, a calibration probe) so training can weigh each source. A judge
+call that was paid but gave no score is a feedback record too, of source `judge_unscored` with no
+score: its cost is in the ledger, and no reader takes it for a label (training skips it).
 """
 
 from __future__ import annotations
@@ -57,17 +59,21 @@ class RequestRecord:
 
 # Where a score comes from. Records written before sources existed are user feedback.
 FEEDBACK_SOURCES = ("user", "judge", "calibration")
+# The source of a judge call that was paid and returned no parsable score: a record of its cost,
+# with no score. It is no label: training skips it (no source weight names it, and training_rows
+# leaves it out even when every source counts).
+UNSCORED_JUDGE = "judge_unscored"
 
 
 @dataclass(frozen=True, slots=True)
 class FeedbackRecord:
     request_id: str
     tenant: str
-    score: float  # 0..1
+    score: float | None  # 0..1; None only for source UNSCORED_JUDGE (a paid grade without a score)
     worker: str | None  # the worker whose answer is scored
     at: float = field(default_factory=time.time)
     type: str = "feedback"
-    source: str = "user"  # one of FEEDBACK_SOURCES
+    source: str = "user"  # one of FEEDBACK_SOURCES, or UNSCORED_JUDGE
     judge: str | None = None  # source "judge": the worker that graded the answer
     cost_micros: int = 0  # what producing this score cost (the judge call)
 
@@ -254,6 +260,10 @@ def record_problem(record: object) -> str | None:
     if record["type"] == "feedback":
         if not isinstance(record.get("request_id"), str) or not record["request_id"]:
             return "feedback without a request_id"
+        if record.get("source") == UNSCORED_JUDGE:  # a paid grade without a score: no label
+            if record.get("score") is not None:
+                return f"feedback of source {UNSCORED_JUDGE} has a score"
+            return None
         if "score" not in record:
             return "feedback without a score"
         score = record["score"]
@@ -298,6 +308,8 @@ def training_rows(records: Iterator[dict], weights: Mapping[str, float] | None =
             requests[record["id"]] = record
         elif record.get("type") == "feedback":
             source = record.get("source") or "user"
+            if source == UNSCORED_JUDGE:  # a paid grade that gave no score: its cost, not a label
+                continue
             scores.setdefault(record["request_id"], {})[source] = float(record["score"])
     rows = []
     for rid, request in requests.items():

@@ -11,6 +11,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator, model_validator
 
+from policies.cost import token_chars
+
 # OpenAI parameters forwarded to workers unchanged (litellm maps them per provider).
 FORWARDED_PARAMS = (
     "temperature",
@@ -105,13 +107,6 @@ class Message(BaseModel):
             return [str(getattr(p, "text", "") or "") for p in self.content if getattr(p, "text", None)]
         return []
 
-    def text_length(self) -> int:
-        if isinstance(self.content, str):
-            return len(self.content)
-        if isinstance(self.content, list):
-            return sum(len(str(getattr(p, "text", "") or "")) for p in self.content)
-        return 0
-
 
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -200,7 +195,10 @@ class ChatCompletionRequest(BaseModel):
         return value if isinstance(value, str) else None
 
     def prompt_chars(self) -> int:
-        return sum(m.text_length() for m in self.messages)
+        """The prompt's size as every cost prediction reads it (policies.cost.token_chars): the
+        messages' characters, a non-ASCII one counted as a token (CJK text is about a token a
+        character, and four characters a token let it pass budgets and ceilings)."""
+        return token_chars(text for message in self.messages for text in message.texts())
 
     def output_budget(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens

@@ -15,6 +15,7 @@ Both give the same clean OpenAI output, retries, timeouts and error classificati
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -28,6 +29,7 @@ from gateway import tracing, wire
 from gateway.metrics import Metrics
 from gateway.schemas import ChatCompletionRequest
 from policies import Worker
+from policies.cost import estimate_tokens
 
 log = logging.getLogger("polyroute.upstream")
 
@@ -455,6 +457,11 @@ class WorkerClient:
                         self.metrics.worker_attempts.labels(worker.name, "error").inc()
                         tracing.attempt_failed(exc)
                         raise
+                    except asyncio.CancelledError:
+                        # the call was sent and then cut: a workflow step's timeout, the request's
+                        # deadline, a client gone or the shutdown. Counted, and not retried.
+                        self.metrics.worker_attempts.labels(worker.name, "cancelled").inc()
+                        raise
         except Exception as exc:
             err = to_worker_error(worker, exc)
             log.warning("worker %s failed: %s", worker.name, err.message)
@@ -536,5 +543,6 @@ class WorkerClient:
 
         first, rest = await self._with_retries(worker, start)
         tracing.responded(first)
-        prompt_cost = litellm_cost(worker, max(1, chat.prompt_chars() // 4), 0)
+        # the header's prompt-side estimate, as every prediction counts a prompt (policies/cost.py)
+        prompt_cost = litellm_cost(worker, estimate_tokens(chat.prompt_chars(), None)[0], 0)
         return OpenStream(worker, first, rest, self.metrics, prompt_cost, messages=messages)

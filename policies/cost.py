@@ -2,10 +2,18 @@
 
 A cheap, provider-independent estimate made before any call: prompt tokens from characters,
 output tokens from the request's max_tokens (the worst case the client allowed) or a default.
+
+Characters are counted by :func:`token_chars`: an ASCII character is one (four make a token, as
+English text tokenizes), any other character is four, i.e. one token. Chinese, Japanese or Korean
+text is about a token a character, and counting it at four characters a token predicted a quarter
+of what it costs, so budgets, ceilings and a workflow's steps let it pass them. The estimate is
+still an estimate: text that tokenizes denser than a token a character (emoji, some rare scripts)
+costs more than predicted, and only the provider's reported usage, after the call, is exact.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from decimal import Decimal
 
 from policies.catalog import Worker
@@ -14,7 +22,21 @@ DEFAULT_EXPECTED_OUTPUT_TOKENS = 256
 CHARS_PER_TOKEN = 4
 
 
+def token_chars(texts: Iterable[str]) -> int:
+    """The texts' length as :func:`estimate_tokens` reads it: an ASCII character counts one, any
+    other ``CHARS_PER_TOKEN`` (one token each). For ASCII text this is its length (an ASCII-only
+    ``str`` is recognised without a scan)."""
+    total = 0
+    for text in texts:
+        total += len(text)
+        if not text.isascii():
+            total += (CHARS_PER_TOKEN - 1) * (len(text) - len(text.encode("ascii", "ignore")))
+    return total
+
+
 def estimate_tokens(prompt_chars: int, max_output_tokens: int | None) -> tuple[int, int]:
+    """(prompt tokens, output tokens) predicted; ``prompt_chars`` is :func:`token_chars` of the
+    prompt (or its plain length, for ASCII text the same)."""
     return max(1, prompt_chars // CHARS_PER_TOKEN), max_output_tokens or DEFAULT_EXPECTED_OUTPUT_TOKENS
 
 

@@ -126,3 +126,23 @@ def test_the_cascade_chain_is_ordered_by_predicted_cost():
     assert [w.name for w in chain((free, paid), 2, lambda w: w.input_price_per_m)] == ["free"]
     assert [w.name for w in chain((free, paid), 2)] == ["free"]
     assert [w.name for w in chain((paid, free), 2)] == ["free", "paid-copy"]
+
+
+def test_a_step_is_predicted_from_the_rate_a_long_prompt_was_billed_not_a_short_ones():
+    """Run.prompt_tokens: characters at four a token (a non-ASCII one a token) until a step reports
+    usage; then the run's billed rate, but only from prompts long enough to teach one — a short
+    prompt's tokens are mostly the chat template's ("Hi": 2 characters, 9 tokens), and its rate would
+    predict a later 2,000-character step at 9,000 tokens and stop the workflow for nothing."""
+    from router.compose import Run
+
+    worker = _worker("w", "1", "1")
+    run = Run(messages=[], pool=(worker,), ask=None, ceiling_usd=Decimal(1))  # type: ignore[arg-type]
+    text = [{"role": "user", "content": "x" * 2000}]
+    assert run.prompt_tokens(worker, text) == 500
+    assert run.prompt_tokens(worker, [{"role": "user", "content": "数" * 100}]) == 100
+    run._observe(worker, [{"role": "user", "content": "Hi"}], 9)
+    assert run.prompt_tokens(worker, text) == 500  # a short prompt teaches nothing
+    run._observe(worker, [{"role": "user", "content": "y" * 800}], 400)  # billed 2 characters a token
+    assert run.prompt_tokens(worker, text) == 1000
+    run._observe(_worker("v", "1", "1"), [{"role": "user", "content": "z" * 800}], 100)  # cheaper rate
+    assert run.prompt_tokens(worker, text) == 1000  # the worker's own rate first

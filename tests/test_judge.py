@@ -325,7 +325,9 @@ def test_a_judge_outside_the_catalog_is_refused_when_the_policy_is_put(make_gate
         timeout=30,
     )
     assert put.status_code == 400
-    assert "tenants.acme.judge.worker: 'no-such-worker' is not in the catalog" in put.json()["error"]["message"]
+    assert (
+        "tenants.acme.judge.worker: 'no-such-worker' is not in the catalog" in put.json()["error"]["message"]
+    )
     after = httpx.get(gw.url + "/admin/policies", headers=gw.auth(gw.admin_key), timeout=30).text
     assert after == before  # the policy in force is unchanged
 

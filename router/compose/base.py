@@ -6,6 +6,14 @@ prediction would pass the request's ceiling — so a workflow stops early rather
 (3) bounds the step with a timeout, and (4) records the step (role, worker, tokens, cost,
 latency, verdict or error) in the trace that goes to the ledger and, on request, to the client.
 The worker call itself is injected (`ask`), so this package knows nothing of HTTP or litellm.
+
+A step's output is bounded (max_tokens), its prompt tokens are predicted: before any step has
+answered, from characters (policies.cost.token_chars: ASCII four a token, any other character a
+token); once steps have reported usage, from the tokens per character this run's prompts were
+actually billed (the worker's own, else the run's), never below the character estimate. So a run
+whose text tokenizes denser than predicted (Chinese, Japanese...) stops before its next step would
+pass the ceiling. A step can still pass it by what its prompt was mispredicted: above all one
+started before any usage came back, or one whose prompt tokenizes denser than the run's earlier ones.
 """
 
 from __future__ import annotations
@@ -17,8 +25,8 @@ from dataclasses import asdict, dataclass, field
 from decimal import Decimal
 from typing import Any, Protocol
 
-from policies import Worker, predicted_cost
-from policies.cost import estimate_tokens
+from policies import Worker
+from policies.cost import DEFAULT_EXPECTED_OUTPUT_TOKENS, estimate_tokens, token_chars
 
 # Output tokens assumed at most for a worker whose output limit is unknown (no max_output_tokens in the
 # catalog, a model litellm's map does not list), when the ceiling would allow more than this: no
@@ -108,15 +116,27 @@ class Outcome:
         return trace
 
 
+# A step's billed prompt includes the chat template's tokens (a few per message), so the rate of a
+# short prompt ("Hi": 2 characters, 9 tokens) says nothing of text: only prompts of at least this
+# many characters (about 100 tokens' worth, the template a few percent of it) teach the rate.
+MIN_OBSERVED_CHARS = 400
+
+
 def chars(messages: Sequence[dict[str, Any]]) -> int:
-    total = 0
-    for message in messages:
-        content = message.get("content")
-        if isinstance(content, str):
-            total += len(content)
-        elif isinstance(content, list):
-            total += sum(len(p.get("text", "")) for p in content if isinstance(p, dict))
-    return total
+    """The messages' text as cost predictions count it (policies.cost.token_chars: a non-ASCII
+    character counts as a token's worth of characters)."""
+
+    def texts():
+        for message in messages:
+            content = message.get("content")
+            if isinstance(content, str):
+                yield content
+            elif isinstance(content, list):
+                for part in content:
+                    if isinstance(part, dict) and isinstance(text := part.get("text", ""), str):
+                        yield text
+
+    return token_chars(texts())
 
 
 @dataclass
@@ -142,6 +162,9 @@ class Run:
     spent_usd: Decimal = Decimal(0)
     stopped: str | None = None  # why no step may start any more (`stop`), None while the run goes on
     _reserved: Decimal = Decimal(0)  # predicted cost of steps in flight (parallel members)
+    # prompt tokens billed and chars() sent, per worker and ("" key) for the whole run: the rate that
+    # predicts later steps' prompts once steps have reported usage
+    _billed: dict[str, tuple[int, int]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self._names = {w.name for w in self.pool}
@@ -189,7 +212,29 @@ class Run:
         return self.spent_usd + self._reserved + self.predict(worker, messages) <= self.ceiling_usd
 
     def predict(self, worker: Worker, messages: Sequence[dict[str, Any]]) -> Decimal:
-        return predicted_cost(worker, chars(messages), self.max_tokens)
+        output = self.max_tokens or DEFAULT_EXPECTED_OUTPUT_TOKENS
+        return worker.cost_usd(self.prompt_tokens(worker, messages), output)
+
+    def prompt_tokens(self, worker: Worker, messages: Sequence[dict[str, Any]]) -> int:
+        """The prompt tokens ``messages`` are predicted to bill on ``worker``: the character estimate
+        (policies.cost), raised to what this run's answered steps were billed per character — the
+        worker's own steps when it has answered, else every step's. Never below the estimate: a rate
+        that came out lower (a worker that reports few tokens) does not lower a bound."""
+        size = chars(messages)
+        estimate, _ = estimate_tokens(size, None)
+        tokens, billed_chars = self._billed.get(worker.name) or self._billed.get("", (0, 0))
+        if not tokens or not billed_chars:
+            return estimate
+        return max(estimate, -(-size * tokens // billed_chars))  # rounded up
+
+    def _observe(self, worker: Worker, messages: Sequence[dict[str, Any]], prompt_tokens: int) -> None:
+        """An answered step's billed prompt tokens, for :meth:`prompt_tokens`."""
+        size = chars(messages)
+        if prompt_tokens <= 0 or size < MIN_OBSERVED_CHARS:
+            return
+        for key in (worker.name, ""):
+            tokens, billed_chars = self._billed.get(key, (0, 0))
+            self._billed[key] = (tokens + prompt_tokens, billed_chars + size)
 
     def room(self) -> Decimal:
         """What is left of the ceiling for steps not yet started."""
@@ -218,8 +263,7 @@ class Run:
         cannot cost more than ``allowance`` (None: none needed), and the most the step can then cost,
         which is what it holds of the ceiling while it runs. Without this a worker writing 2,000
         tokens where 256 were predicted passes the ceiling, and the budget with it."""
-        prompt_tokens, _ = estimate_tokens(chars(messages), None)
-        prompt_cost = worker.cost_usd(prompt_tokens, 0)
+        prompt_cost = worker.cost_usd(self.prompt_tokens(worker, messages), 0)
         per_token = worker.cost_usd(0, 1)
         if per_token <= 0:  # output is free: nothing to bound
             return None, prompt_cost
@@ -299,6 +343,7 @@ class Run:
         step.cost_usd = answer.cost_usd
         step.prompt_tokens, step.completion_tokens = answer.prompt_tokens, answer.completion_tokens
         self.spent_usd += answer.cost_usd
+        self._observe(worker, messages, answer.prompt_tokens)
         if not answer.text.strip():
             step.error = "empty answer"
             raise StepFailed(f"{worker.name} returned an empty answer")
