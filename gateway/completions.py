@@ -42,6 +42,7 @@ from gateway.upstream import Completion, OpenStream, WorkerError
 from policies import Admission, PolicyRequest, PolicyRequestError, Spend, estimate_tokens, predicted_cost
 from policies.catalog import Kind
 from router import RouteDecision, RouteRequest, estimate_cost
+from router.learned import cost_weight_of
 from router.routelog import route_log
 
 log = logging.getLogger("polyroute.gateway")
@@ -294,7 +295,9 @@ def _float_param(value: object, name: str, low: float, high: float) -> float | N
 def route_request(
     request: Request, chat: ChatCompletionRequest, admission: Admission, tenant_weight
 ) -> RouteRequest:
-    """What the router sees: sizes, the last user message, λ (request > header > tenant) or a target."""
+    """What the router sees: sizes, the last user message, λ or a target. λ: the request's own
+    (metadata > header) and the tenant's, resolved below the operator's and the model's by
+    router/learned.py resolve_cost_weight."""
     metadata = chat.metadata or {}
     weight = _float_param(
         metadata.get("cost_weight", request.headers.get(COST_WEIGHT_HEADER)),
@@ -309,8 +312,9 @@ def route_request(
         prefer_fewer_active_params=admission.prefer_fewer_active_params,
         text=chat.last_user_text(),
         turns=chat.user_turns(),
-        cost_weight=weight if weight is not None else tenant_weight,
+        cost_weight=weight,
         min_quality=_float_param(metadata.get("min_quality"), "metadata.min_quality", 0, 1),
+        tenant_cost_weight=tenant_weight,
     )
 
 
@@ -492,6 +496,7 @@ class Exchange:
     settled: Usage = field(default_factory=Usage)  # given-up attempts' calls, already on the budget
     settled_micros: int = 0  # ... as the budget counted them (rounded up per settle)
     route: RouteRequest | None = None  # what the router saw: its choice is logged for offline evaluation
+    cost_weight: float | None = None  # the λ in force for it (resolve_cost_weight under the router used)
     degraded: compose.Composition | None = None  # a workflow answered in fast mode: traced as such
     # workers fast mode does not try: those the workflow `auto` chose already tried (compose.respond)
     skip: frozenset[str] = frozenset()
@@ -633,13 +638,10 @@ class Exchange:
         """How the router chose this request's worker (router/routelog.py), when it chose."""
         if self.route is None:
             return None
-        weight = self.route.cost_weight
-        return route_log(
-            self.decision,
-            self.route,
-            (w.name for w in self.admission.pool),
-            weight if weight is not None else state.settings.cost_weight,
-        )
+        weight = self.cost_weight
+        if weight is None:
+            weight = cost_weight_of(self.route, state.settings.cost_weight).value
+        return route_log(self.decision, self.route, (w.name for w in self.admission.pool), weight)
 
 
 def log_access(
@@ -769,6 +771,7 @@ async def serve(request: Request, wire: Wire) -> Response:
         cache=cache_plan,
         memory=recalled,
         route=route,
+        cost_weight=cost_weight_of(route, state.settings.cost_weight, router).value,
         degraded=composition if composition.degraded else None,
         explain=request.headers.get(compose.TRACE_HEADER) == "1",
         wire=wire,

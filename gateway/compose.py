@@ -62,6 +62,7 @@ from router.compose.base import chars
 from router.compose.planned import Planned, plan_header
 from router.decide import Estimate
 from router.evidence import logit
+from router.learned import COST_WEIGHT_SOURCES, CostWeight, cost_weight_of
 
 log = logging.getLogger("polyroute.compose")
 
@@ -170,12 +171,12 @@ async def _planned(
     chat: ChatCompletionRequest,
     pool: tuple[Worker, ...],
     settings,
-    weight: float,
+    weight: CostWeight,
     reason: str,
     note: str,
 ) -> Composition:
     """The plan over `pool` (the router's order): priors and predicted costs from the same estimates
-    fast mode ranks by, computed off the event loop."""
+    fast mode ranks by, computed off the event loop; ``weight``: the λ in force and its source."""
     latency_weight = _latency_weight(settings, chat)
     estimates = await _estimates(router, route, pool)
     by_name = {e.worker: e for e in estimates}
@@ -183,9 +184,10 @@ async def _planned(
     return Composition(
         "plan",
         pool,
-        f"{reason} over {len(pool)} workers (cost weight {weight:g}, latency weight {latency_weight:g})",
+        f"{reason} over {len(pool)} workers (cost weight {weight.value:g} from "
+        f"{COST_WEIGHT_SOURCES[weight.source]}, latency weight {latency_weight:g})",
         note,
-        weight,
+        weight.value,
         router.planner,
         tuple(logit(e.quality) for e in ordered),
         tuple(float(e.cost_usd) for e in ordered),
@@ -245,7 +247,8 @@ async def plan(
     choose, so that it is chosen only when it can start."""
     forced = checked_workflow(chat.model)
     settings = state.settings
-    weight = route.cost_weight if route.cost_weight is not None else settings.cost_weight
+    resolved = cost_weight_of(route, settings.cost_weight, router)  # the λ fast mode ranked by
+    weight = resolved.value
     planner = getattr(router, "planner", None) if router.name == "learned" else None
     if forced is None:
         if chat.model != "auto" or router.name != "learned" or chat.tools:
@@ -263,7 +266,7 @@ async def plan(
             if degraded := _cannot_start(state, chat, admission, recalled, decision.workers, "plan"):
                 return degraded
             planned = await _planned(
-                router, route, chat, decision.workers, settings, weight, "answer-aware plan", "chosen"
+                router, route, chat, decision.workers, settings, resolved, "answer-aware plan", "chosen"
             )
             return replace(planned, auto=True)
         if not settings.compose_auto or decision.strategy != "fast" or len(decision.workers) < 2:
@@ -303,7 +306,7 @@ async def plan(
     pool = decision.workers
     if forced == "plan":
         return await _planned(
-            router, route, chat, pool, settings, weight, f"{PREFIX}plan requested", "requested"
+            router, route, chat, pool, settings, resolved, f"{PREFIX}plan requested", "requested"
         )
     if forced == "cascade":
         pool = _by_strength(pool, await _estimates(router, route, pool), chat)

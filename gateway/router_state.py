@@ -30,17 +30,22 @@ class RouterHolder:
     def __init__(
         self,
         root: Path,
-        default_cost_weight: float = 0.5,
+        default_cost_weight: float | None = None,
         exploration: float = 0.0,
         min_examples: int = 50,
         startup_error: str | None = None,
         catalog: Mapping[str, Worker] | None = None,
+        plan_code_exec: bool = False,
     ) -> None:
         """``startup_error``: why the router the operator asked for at start (the shipped prior) is
         not in force; shown as ``error`` while the rules serve, until a version is put in force.
-        ``catalog``: the catalog's workers by name, for the learned router's ``profile_like`` priors."""
+        ``catalog``: the catalog's workers by name, for the learned router's ``profile_like`` priors.
+        ``default_cost_weight``: POLYROUTE_COST_WEIGHT (None: unset, the model's operating λ applies);
+        ``plan_code_exec``: POLYROUTE_PLAN_CODE_EXEC, for the warning a plan trained on code behaviour
+        gets at load when it is off (LearnedRouter.warnings)."""
         self.root = Path(root)
         self.catalog = dict(catalog or {})
+        self.plan_code_exec = plan_code_exec
         self.rules = CheapestRouter()
         self.current: CheapestRouter | LearnedRouter = self.rules
         self.error: str | None = None
@@ -98,6 +103,8 @@ class RouterHolder:
                 return self._fail(f"router model {version}: {exc}", version)
             self.current, self._loaded_version, self.error, self._failed_version = router, version, None, None
             log.info("learned router %s in force (%d workers)", version, len(artifact.workers))
+            for warning in router.warnings(self.plan_code_exec):  # once per version put in force
+                log.warning("learned router %s: %s", version, warning)
             return True
 
     def _fail(self, error: str, version: str | None) -> bool:

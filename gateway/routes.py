@@ -22,6 +22,7 @@ from gateway.state import AppState
 from gateway.store import StoreUnavailable
 from policies import Kind, PolicyError, PolicyNotWritable, PolicyRequest, PolicyRequestError, Spend, Worker
 from router import list_versions
+from router.learned import resolve_cost_weight
 
 router = APIRouter()
 router.add_api_route("/v1/chat/completions", chat_completions, methods=["POST"], include_in_schema=True)
@@ -414,11 +415,32 @@ async def feedback(request: Request) -> JSONResponse:
 
 @router.get("/admin/router")
 async def admin_router(request: Request) -> JSONResponse:
-    """The router in force, the model versions on disk, and the last load error if any."""
+    """The router in force, the λ a request that sets none gets (and where it comes from), what makes
+    the gateway decide otherwise than the model was validated (``warnings``), the model versions on
+    disk, and the last load error if any."""
     state = _state(request)
     await state.auth.admin(request)
     versions = await asyncio.to_thread(list_versions, state.router.root)
-    return JSONResponse({**state.router.status(), "workers": _router_basis(state), "versions": versions})
+    router = state.router.current
+    weight = resolve_cost_weight(setting=state.settings.cost_weight, card=_card(router))
+    cost_weight = {"value": weight.value, "source": weight.source, "described": weight.described}
+    if weight.source == "model card":
+        cost_weight["reason"] = _card(router).get("operating_cost_weight_reason")
+    warnings = router.warnings(state.settings.plan_code_exec) if hasattr(router, "warnings") else []
+    return JSONResponse(
+        {
+            **state.router.status(),
+            "cost_weight": cost_weight,
+            "warnings": warnings,
+            "workers": _router_basis(state),
+            "versions": versions,
+        }
+    )
+
+
+def _card(router) -> dict:
+    """The model card of the router in force ({} for the rule-based router)."""
+    return getattr(getattr(router, "artifact", None), "card", None) or {}
 
 
 def _router_basis(state: AppState) -> dict[str, dict]:

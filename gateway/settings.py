@@ -122,7 +122,12 @@ class Settings(BaseModel):
         "in force (router/prior/, trained on the public routing data); false: the rule-based router",
     )
     router_reload_interval_s: float = Field(1.0, gt=0)
-    cost_weight: float = Field(0.5, ge=0, description="default λ of the learned router (quality − λ·cost)")
+    cost_weight: float | None = Field(
+        None,
+        ge=0,
+        description="the operator's λ of the learned router (quality − λ·cost), below a request's and a "
+        "tenant policy's; None (unset): the operating λ stored in the model card, else 0.5",
+    )
     exploration: float = Field(0.0, ge=0, le=0.5, description="share of traffic for under-observed workers")
     exploration_min_examples: int = Field(50, ge=1)
     judge_seed: int | None = Field(

@@ -178,6 +178,7 @@ def build_state(settings: Settings, catalog: Catalog | None = None) -> AppState:
             settings.exploration_min_examples,
             startup_error=prior_error,
             catalog={worker.name: worker for worker in catalog.workers},
+            plan_code_exec=settings.plan_code_exec,
         ),
         metrics=metrics,
         client=WorkerClient(

@@ -43,6 +43,10 @@ class RouterArtifact:
     # the answer-aware planner (router/planner.py CascadePlanner), from `--strategy cascade`; None: none
     # trained. Older pickles lack the attribute: the class default (None) answers for them.
     cascade: Any = None
+    # per query, the completion tokens each worker is expected to write (router/costs.py CostModel fitted
+    # on the lengths of the recorded answers, columns as ``workers``), for the workers ``output_tokens``
+    # has; None (older pickles, data without answers): the medians in ``output_tokens``
+    output_model: Any = None
 
 
 def new_version(payload: bytes) -> str:

@@ -1,8 +1,12 @@
 """The routing decision: maximize predicted quality − λ·cost over the admissible pool.
 
-Cost enters normalized by the most expensive worker in the pool, so λ is unitless and means the
-same whatever the prices: λ = 0 picks the best predicted quality regardless of cost; λ = 1 lets
-the most expensive worker win only if it is predicted a full 1.0 (0 → 1) better than a free one.
+Cost enters normalized by the most expensive worker of the pool that the model knows (has a column
+for; the pool's most expensive when it knows none: :func:`price_scale`), so λ is unitless and means
+the same whatever the prices: λ = 0 picks the best predicted quality regardless of cost; λ = 1 lets
+the most expensive known worker win only if it is predicted a full 1.0 (0 → 1) better than a free one.
+An expensive worker the model never saw, added to the catalog, is priced above 1 rather than
+rescaling every other worker's price (and with it the choices the model was validated on); the
+planner and the plan table price their calls by the same function.
 A target (`min_quality`) instead picks the cheapest worker predicted to reach it, or the best
 predicted worker when none does. Ties go to the cheaper worker, then fewer active parameters,
 then the name, so the decision is deterministic. Workers the model has never seen get a prior
@@ -12,8 +16,10 @@ parameters blends them into the price term, as the rule-based router ranks.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from decimal import Decimal
+from typing import Any
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,6 +35,20 @@ class Estimate:
 class Choice:
     ranked: tuple[Estimate, ...]  # best first; the rest are fallbacks in order
     reason: str
+
+
+def price_scale(costs: Sequence[Any], known: Sequence[bool] | None = None) -> Any:
+    """The cost a price is a share of: the dearest of the ``costs`` whose worker the model knows
+    (``known``, aligned with ``costs``; None: all known), else the dearest of all (a pool of workers the
+    model never saw, as under the shipped prior); 0 for no costs. The fast router (:func:`choose`), the
+    planner and the plan table all normalise by it, so they price a pool alike."""
+    if known is not None:
+        mine = [c for c, k in zip(costs, known, strict=True) if k]
+        if mine:
+            return max(mine)
+    if not len(costs):
+        return 0
+    return costs.max() if hasattr(costs, "max") else max(costs)  # a numpy array: its own max
 
 
 def _tiebreak(e: Estimate) -> tuple:
@@ -66,7 +86,7 @@ def choose(
         raise ValueError("cost_weight must be >= 0")
     if not 0 <= active_weight <= 1:
         raise ValueError("active_weight must be between 0 and 1")
-    max_cost = max(e.cost_usd for e in estimates)
+    max_cost = price_scale([e.cost_usd for e in estimates], [e.known for e in estimates])
     max_active = max((e.active_params_b for e in estimates if e.active_params_b is not None), default=1.0)
     if min_quality is not None:
         reaching = sorted((e for e in estimates if e.quality >= min_quality), key=_tiebreak)

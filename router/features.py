@@ -430,16 +430,67 @@ def lexical_features(texts: Sequence[str], turns: Sequence[int] | None = None) -
     return raw.astype(np.float32)
 
 
+# ---------------------------------------------------------------------- the text the model reads
+# Which part of the query a model was trained on, applied to the live query before featurising:
+# * "whole": the whole last user message (RouteLLM, LLMRouter, the ledger, the shipped prior);
+# * "last_paragraph": its last paragraph (:func:`focus_text`): RouterBench's prompts are few-shot, a
+#   block of solved examples and then the question, and the router should read the question.
+# A model card without the rule (every card written before it was recorded) means "whole".
+TEXT_WHOLE = "whole"
+TEXT_LAST_PARAGRAPH = "last_paragraph"
+TEXT_RULES = (TEXT_WHOLE, TEXT_LAST_PARAGRAPH)
+MIN_FOCUS_CHARS = 20
+
+
+def focus_text(message: str) -> str:
+    """The last paragraph of a message (the question after any few-shot examples); the whole message if
+    that paragraph is too short to stand alone. Idempotent: a last paragraph is its own last paragraph."""
+    tail = message.strip().rsplit("\n\n", 1)[-1].strip()
+    return tail if len(tail) >= MIN_FOCUS_CHARS else message.strip()
+
+
+def query_text(text: str, rule: str = TEXT_WHOLE) -> str:
+    """The part of ``text`` (a last user message) that a model trained under ``rule`` reads."""
+    if rule == TEXT_WHOLE:
+        return text
+    if rule == TEXT_LAST_PARAGRAPH:
+        return focus_text(text)
+    raise ValueError(f"unknown query text rule {rule!r}; known: {', '.join(TEXT_RULES)}")
+
+
+def text_rule_of(description: dict) -> str:
+    """The text rule a model card's feature description records ("whole" when it records none)."""
+    rule = description.get("text_rule", TEXT_WHOLE)
+    if rule not in TEXT_RULES:
+        raise ValueError(f"unknown query text rule {rule!r}; known: {', '.join(TEXT_RULES)}")
+    return rule
+
+
+def combined_text_rule(rules: Sequence[str]) -> str:
+    """The rule of data combined from sources with ``rules``: theirs when they share one, else "whole"
+    (a live query cannot follow two rules; the whole message is what most sources route on)."""
+    found = set(rules)
+    return found.pop() if len(found) == 1 else TEXT_WHOLE
+
+
 # ---------------------------------------------------------------------- combined features
 class FeatureBuilder:
     """Embedding ``[dim_emb]`` followed by raw lexical features ``[len(LEXICAL_NAMES)]`` -> float32 rows.
 
-    ``embedder=None`` means the default transformer :class:`Embedder` (loaded lazily).
+    ``embedder=None`` means the default transformer :class:`Embedder` (loaded lazily). ``text_rule``
+    (:data:`TEXT_RULES`) is the part of a live query the model reads, recorded by :meth:`describe`:
+    :meth:`transform` embeds the texts it is given (training texts already follow the rule), and the
+    live router applies the rule to the query first (:func:`query_text`).
     """
 
-    def __init__(self, embedder: Embedder | None = None, use_lexical: bool = True) -> None:
+    def __init__(
+        self, embedder: Embedder | None = None, use_lexical: bool = True, text_rule: str = TEXT_WHOLE
+    ) -> None:
+        if text_rule not in TEXT_RULES:
+            raise ValueError(f"unknown query text rule {text_rule!r}; known: {', '.join(TEXT_RULES)}")
         self.embedder = embedder if embedder is not None else Embedder()
         self.use_lexical = bool(use_lexical)
+        self.text_rule = text_rule
 
     @property
     def dim(self) -> int:
@@ -471,11 +522,14 @@ class FeatureBuilder:
             "lexical_names": list(LEXICAL_NAMES) if self.use_lexical else [],
             "lexical_scaling": "raw",
             "dim": self.dim,
+            "text_rule": self.text_rule,
         }
 
     def mismatches(self, description: dict) -> list[str]:
-        """Human-readable differences between this builder and a stored :meth:`describe` (empty = compatible)."""
+        """Human-readable differences between this builder and a stored :meth:`describe` (empty = compatible).
+        A description without ``text_rule`` (an older card) means "whole"."""
         mine = self.describe()
+        description = {"text_rule": TEXT_WHOLE, **description}
         problems = []
         for key, value in mine.items():
             theirs = description.get(key)

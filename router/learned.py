@@ -8,8 +8,11 @@ workers (exploration, off by default) so the model can learn about them.
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import random
 from collections.abc import Mapping
+from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
@@ -18,12 +21,71 @@ import numpy as np
 from policies import Worker, estimate_tokens
 from router.artifacts import RouterArtifact
 from router.decide import Estimate, choose
+from router.features import query_text, text_rule_of
 from router.rules import Propensity, RouteDecision, RouteRequest, tool_capable
 
 DEFAULT_COST_WEIGHT = 0.5
 # Cold start: a worker with a catalog `profile_like` counts its profile's prediction as this many
 # labelled examples, so its own model takes over as feedback accumulates (n / (n + strength)).
 PRIOR_STRENGTH = 20
+# Where a request's λ came from, in precedence order (resolve_cost_weight), and how a reason names it
+# (ASCII: the route reason is a response header).
+COST_WEIGHT_SOURCES = {
+    "request": "the request (metadata.cost_weight or x-polyroute-cost-weight)",
+    "tenant": "the tenant's policy (cost_weight)",
+    "setting": "POLYROUTE_COST_WEIGHT",
+    "model card": "the model card (operating_cost_weight)",
+    "default": "the default",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class CostWeight:
+    """The λ in force for a request, and which of :data:`COST_WEIGHT_SOURCES` set it."""
+
+    value: float
+    source: str
+
+    @property
+    def described(self) -> str:
+        return f"cost weight {self.value:g} from {COST_WEIGHT_SOURCES[self.source]}"
+
+
+def operating_cost_weight(card: Mapping[str, Any] | None) -> float | None:
+    """The operating λ a model card stores (`router train --strategy cascade`: the λ the harness
+    validates, chosen on the training replay), or None: the card has none (older cards, single routing)."""
+    value = (card or {}).get("operating_cost_weight")
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if math.isfinite(value) and value >= 0 else None
+
+
+def resolve_cost_weight(
+    request: float | None = None,
+    tenant: float | None = None,
+    setting: float | None = None,
+    card: Mapping[str, Any] | None = None,
+) -> CostWeight:
+    """The λ of a request — the one rule wherever λ is resolved (fast mode, the plan, a workflow, the
+    ledger's route record, /admin/router): the request's own, else its tenant policy's, else
+    POLYROUTE_COST_WEIGHT when the operator set it, else the operating λ of the model in force
+    (its card's, validated on its training replay), else 0.5."""
+    for value, source in ((request, "request"), (tenant, "tenant"), (setting, "setting")):
+        if value is not None:
+            return CostWeight(float(value), source)
+    stored = operating_cost_weight(card)
+    if stored is not None:
+        return CostWeight(stored, "model card")
+    return CostWeight(DEFAULT_COST_WEIGHT, "default")
+
+
+def cost_weight_of(request: RouteRequest, setting: float | None, router: Any = None) -> CostWeight:
+    """:func:`resolve_cost_weight` for ``request`` under ``router`` (its card's operating λ, when it is
+    a learned router) and the operator's ``setting`` (None: unset)."""
+    artifact = getattr(router, "artifact", None)
+    return resolve_cost_weight(
+        request.cost_weight, request.tenant_cost_weight, setting, getattr(artifact, "card", None)
+    )
 
 
 class LearnedRouter:
@@ -33,7 +95,7 @@ class LearnedRouter:
         self,
         artifact: RouterArtifact,
         features: Any,  # a FeatureBuilder: transform(texts, turns) -> [n, d]
-        default_cost_weight: float = DEFAULT_COST_WEIGHT,
+        default_cost_weight: float | None = None,
         exploration: float = 0.0,
         min_examples: int = 50,
         seed: int | None = None,
@@ -42,7 +104,9 @@ class LearnedRouter:
     ) -> None:
         """``catalog``: the catalog's workers by name, so a ``profile_like`` naming a worker the model
         has no column for (every catalog worker, under the shipped prior) starts from that worker's
-        own prior rather than being ignored."""
+        own prior rather than being ignored. ``default_cost_weight``: the operator's λ
+        (POLYROUTE_COST_WEIGHT); None when unset, so the card's operating λ, else 0.5, applies
+        (:func:`resolve_cost_weight`)."""
         if not 0 <= exploration <= 0.5:
             raise ValueError("exploration must be between 0 and 0.5")
         self.artifact = artifact
@@ -58,6 +122,10 @@ class LearnedRouter:
         for name, tier in (artifact.card.get("public_tiers") or {}).items():
             if tier and name in self._column:
                 self._tier_columns.setdefault(tier, []).append(name)
+        # the part of a query the model was trained on (a card without the rule: the whole query)
+        self.text_rule = text_rule_of(artifact.features or {})
+        self._planner_of: Any = None
+        self._planner: Any = None
 
     @property
     def version(self) -> str:
@@ -65,13 +133,63 @@ class LearnedRouter:
 
     @property
     def planner(self) -> Any:
-        """The artifact's answer-aware planner (router/planner.py), or None when none was trained."""
-        return getattr(self.artifact, "cascade", None)
+        """The artifact's answer-aware planner (router/planner.py), or None when none was trained; told
+        which workers the model knows, so that it prices calls on the fast router's scale."""
+        cascade = getattr(self.artifact, "cascade", None)
+        if cascade is not self._planner_of:  # once per planner (a copy: the artifact's stays as trained)
+            self._planner, self._planner_of = self._known_planner(cascade), cascade
+        return self._planner
+
+    def _known_planner(self, cascade: Any) -> Any:
+        if cascade is None or not dataclasses.is_dataclass(cascade):
+            return cascade
+        if "known" not in {f.name for f in dataclasses.fields(cascade)}:
+            return cascade
+        return dataclasses.replace(cascade, known=frozenset(self._column))
+
+    def cost_weight(self, request: RouteRequest | None = None) -> CostWeight:
+        """The λ in force for ``request`` (None: a request that sets none) and where it came from."""
+        return cost_weight_of(request or RouteRequest(0), self.default_cost_weight, self)
+
+    def warnings(self, code_exec: bool) -> list[str]:
+        """What makes this gateway decide otherwise than the model was validated, for the log at load
+        and GET /admin/router: a plan trained comparing code answers by behaviour (running them) served
+        with code execution off, where they are compared by canonical source."""
+        cascade = self.artifact.card.get("cascade") or {}
+        questions = cascade.get("code_questions", 0)
+        if self.planner is None or code_exec or cascade.get("code_answers") != "behaviour" or not questions:
+            return []
+        return [
+            f"the plan was trained comparing code answers by behaviour (running them; {questions} code "
+            "questions) and POLYROUTE_PLAN_CODE_EXEC is off, so live they are compared by canonical "
+            "source: code answers agree less often and the plan calls its fallback more than `router "
+            'eval` measured (docs/router.md, "Code answers")'
+        ]
+
+    def _features(self, text: str, turns: int) -> np.ndarray:
+        """The model's features of the query ``text`` (the last user message), read under the card's
+        text rule (its last paragraph for a model trained on few-shot RouterBench prompts)."""
+        return self.features.transform([query_text(text, self.text_rule)], [turns])
 
     def predict_quality(self, text: str, turns: int = 1) -> dict[str, float]:
-        x = self.features.transform([text], [turns])
+        """P(success) per known worker for the query ``text`` (the last user message)."""
+        return self._quality_of(self._features(text, turns))
+
+    def _quality_of(self, x: np.ndarray) -> dict[str, float]:
         row = np.asarray(self.artifact.model.predict(x))[0]
         return {name: float(row[i]) for name, i in self._column.items()}
+
+    def _output_tokens(self, x: np.ndarray) -> dict[str, float]:
+        """Completion tokens each worker is expected to write for this query: the artifact's per-query
+        model of its recorded answers' lengths, else their median; a worker without recorded answers
+        is absent (the default length applies)."""
+        medians = self.artifact.output_tokens
+        model = getattr(self.artifact, "output_model", None)
+        columns = (self.artifact.card.get("output_tokens") or {}).get("columns") or []
+        if model is None or not medians or not columns:
+            return dict(medians)
+        row = dict(zip(columns, (float(t) for t in np.asarray(model.predict(x))[0]), strict=True))
+        return {name: row.get(name, tokens) for name, tokens in medians.items()}
 
     def _quality(self, worker: Worker, predicted: dict[str, float]) -> tuple[float, bool]:
         """(quality estimate, whether the model has seen the worker).
@@ -166,11 +284,17 @@ class LearnedRouter:
         return f"{worst} (a base model)" if rule == "base model" else worst
 
     def estimates(self, request: RouteRequest, pool: list[Worker]) -> list[Estimate]:
-        quality = self.predict_quality(request.text, request.turns)
+        """Per pool worker: predicted quality and cost (the catalog's prices at the prompt's tokens and
+        the completion tokens the worker is expected to write, capped by the request's max_tokens)."""
+        x = self._features(request.text, request.turns)
+        quality = self._quality_of(x)
+        tokens = self._output_tokens(x)
         prompt_tokens, _ = estimate_tokens(request.prompt_chars, request.max_output_tokens)
         out: list[Estimate] = []
         for worker in pool:
-            expected = self.artifact.output_tokens.get(worker.name) or estimate_tokens(0, None)[1]
+            expected = tokens.get(worker.name)
+            if expected is None:  # no recorded answers of this worker: the default completion length
+                expected = estimate_tokens(0, None)[1]
             if request.max_output_tokens:
                 expected = min(expected, request.max_output_tokens)
             cost = worker.cost_usd(prompt_tokens, int(round(expected)))
@@ -183,10 +307,10 @@ class LearnedRouter:
             raise ValueError("the admissible pool is empty; the gateway must not call the router")
         candidates, tools_only = tool_capable(request, pool)
         by_name = {w.name: w for w in candidates}
-        cost_weight = self.default_cost_weight if request.cost_weight is None else request.cost_weight
+        weight = self.cost_weight(request)
         choice = choose(
             self.estimates(request, candidates),
-            cost_weight,
+            weight.value,
             request.min_quality,
             request.prefer_fewer_active_params,
         )
@@ -202,6 +326,8 @@ class LearnedRouter:
                 reason = f"exploration: {pick.name} has fewer than {self.min_examples} labelled examples"
         if tools_only:
             reason += ", tool-capable"
+        if strategy == "fast" and request.min_quality is None:  # λ decided: which, and whose it is
+            reason += f"; {weight.described}"
         top = next(e for e in choice.ranked if e.worker == ranked[0].name)
         explore = tuple(w.name for w in under) if self.exploration else ()
         drawn = Propensity.of_choice(ranked[0].name, greedy, self.exploration, explore)

@@ -15,9 +15,10 @@ Only the plans on the cluster's accuracy/cost frontier are kept, with every sing
 pool that lacks a frontier plan's workers still has a choice). Per request, the plan with the
 highest accuracy − λ·price − μ·rounds among those whose workers are all admissible is run, where
 price is the plan's expected predicted cost (the fallback weighted by how often the voters
-disagreed in training) over the pool's most expensive worker — the planner's λ, on the planner's
-scale. It implements the planner's ``decide``, so the replay (router/offline/replay.py) and the
-gateway's plan workflow (router/compose/planned.py) run either.
+disagreed in training) over the most expensive of the pool's workers the router's model knows
+(router/decide.py :func:`price_scale`, as the fast router and the planner price) — the planner's λ,
+on the planner's scale. It implements the planner's ``decide``, so the replay
+(router/offline/replay.py) and the gateway's plan workflow (router/compose/planned.py) run either.
 
 Which of the two a trained router uses is chosen on the training files by cross-fitted AIQ
 (router/offline/pool_cascade.py).
@@ -32,7 +33,8 @@ from typing import Any
 import numpy as np
 
 from router.answers import Kind
-from router.planner import Decision, State
+from router.decide import price_scale
+from router.planner import Decision, State, known_mask
 
 ANY = "*"  # the table for a cluster that had too few training questions of its own
 
@@ -80,6 +82,9 @@ class PlanTable:
     clusters: dict[str, PlanSet]
     max_calls: int = 4
     card: dict[str, Any] = field(default_factory=dict)
+    # the workers the router's model has a column for, whose dearest sets the price scale (set by the
+    # learned router when it loads; None: the pool's dearest)
+    known: frozenset[str] | None = None
 
     def plans_for(self, state: State) -> PlanSet:
         return self.clusters.get(cluster_of(state.kind, state.options)) or self.clusters[ANY]
@@ -108,7 +113,7 @@ class PlanTable:
         called = list(state.called)
         usable = {k for k in range(len(costs)) if allowed is None or allowed[k]} | set(called)
         plans = self.plans_for(state)
-        top = float(costs.max()) if len(costs) else 0.0
+        top = float(price_scale(costs, known_mask(getattr(self, "known", None), names)))
         best, best_utility = None, -np.inf
         for p in range(len(plans)):
             members = [*plans.voters[p], plans.fallback[p]]

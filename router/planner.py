@@ -10,9 +10,10 @@ One planner covers "pick one worker" and "compose several". At every step it com
   call is the query-only router's prior for k, recalibrated (today's fast router is the plan of one
   step).
 
-Each option is scored as expected quality − λ·(its predicted cost / the pool's most expensive
-predicted cost) − μ·(one more round trip), the same λ as the fast router (router/decide.py) and an
-optional latency weight μ. The best option wins; the plan ends when stopping beats every call. As in
+Each option is scored as expected quality − λ·(its predicted cost / the most expensive predicted
+cost of the pool's workers the router's model knows, router/decide.py :func:`price_scale`) −
+μ·(one more round trip), the same λ and prices as the fast router and an optional latency weight
+μ. The best option wins; the plan ends when stopping beats every call. As in
 Dekoninck et al.'s cascade routing, a set of workers is scored as a whole (a superset of the answers
 held), but with μ = 0 only its cheapest member is called and the plan re-scored with the answer in
 hand; with μ > 0 they are called at once. No depth is fixed: ``max_calls`` only bounds the worst case.
@@ -33,6 +34,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from router.answers import Kind, choice_letters, detect_kind
+from router.decide import price_scale
 from router.evidence import KINDS, NO_PRIOR, Answers, classes, posthoc_rows
 
 VALUE_FEATURES = (
@@ -67,6 +69,15 @@ def gain_model(seed: int = 0) -> Boosted:
         monotone={VALUE_FEATURES.index(name): sign for name, sign in GAIN_MONOTONE.items()},
         seed=seed,
     )
+
+
+def known_mask(known: frozenset[str] | None, names: Sequence[str] | None) -> list[bool] | None:
+    """Which pool workers (``names``) the router's model knows, for :func:`router.decide.price_scale`;
+    None (all of them) when the pool is unnamed (the replay: the training workers) or the planner was
+    not told (an older router file, or a planner used on its own)."""
+    if known is None or names is None:
+        return None
+    return [name in known for name in names]
 
 
 def sigmoid(x: float) -> float:
@@ -209,6 +220,9 @@ class CascadePlanner:
     value: Boosted | None = None
     max_calls: int = DEFAULT_MAX_CALLS
     card: dict[str, Any] = field(default_factory=dict)
+    # the workers the router's model has a column for, whose dearest sets the price scale (set by the
+    # learned router when it loads; None: the pool's dearest, as older router files were trained)
+    known: frozenset[str] | None = None
 
     def answer_scores(self, state: State, log_odds: np.ndarray, memo: dict | None = None) -> np.ndarray:
         """Post-hoc P(right) of each answer held (positions of ``state.called``)."""
@@ -285,7 +299,7 @@ class CascadePlanner:
         if not open_ or len(state.called) >= self.max_calls:
             why = "every admissible worker asked" if not open_ else f"{self.max_calls} calls made"
             return Decision((), best, f"stop: {why}", tuple(scores))
-        top = float(costs.max())
+        top = float(price_scale(costs, known_mask(getattr(self, "known", None), names)))
         prices = costs / top if top > 0 else np.zeros_like(costs)
         calls: list[tuple[int, ...]] = [(k,) for k in open_]
         gains = self.call_values(state, scores, log_odds, calls, open_, memo)

@@ -23,8 +23,9 @@ class RouteRequest:
     prefer_fewer_active_params: float = 0.0  # the policy's preference, 0..1
     text: str = ""  # the query the learned router reads (the last user message)
     turns: int = 1
-    cost_weight: float | None = None  # λ for this request; None: the tenant's or the router's default
+    cost_weight: float | None = None  # λ the request asks for; None: router/learned.py resolve_cost_weight
     min_quality: float | None = None  # a target instead of λ: cheapest worker predicted to reach it
+    tenant_cost_weight: float | None = None  # the tenant policy's λ, below the request's own
 
 
 @dataclass(frozen=True, slots=True)

@@ -36,23 +36,30 @@ def shared_embedder(backend: str, max_seq_length: int = 128):
         return _embedders[key]
 
 
-def feature_builder(backend: str, max_seq_length: int = 128, lexical: bool = True):
+def feature_builder(backend: str, max_seq_length: int = 128, lexical: bool = True, text_rule: str = "whole"):
+    """Features over the shared embedder; ``text_rule``: the part of a live query the model reads
+    (router/features.py TEXT_RULES), recorded in the model card's feature description."""
     from router.features import FeatureBuilder
 
-    return FeatureBuilder(shared_embedder(backend, max_seq_length), use_lexical=lexical)
+    return FeatureBuilder(shared_embedder(backend, max_seq_length), use_lexical=lexical, text_rule=text_rule)
 
 
 def feature_builder_for(description: dict[str, Any]):
-    """Rebuild the features a model was trained on; refuse a model this gateway cannot feed."""
+    """Rebuild the features a model was trained on; refuse a model this gateway cannot feed. A card
+    without a ``text_rule`` (written before the rule was recorded) reads the whole query."""
+    from router.features import text_rule_of
+
     try:
+        rule = text_rule_of(description)
         builder = feature_builder(
             description["backend"],
             int(description.get("max_seq_length", 128)),
             bool(description.get("lexical", True)),
+            rule,
         )
     except (KeyError, ValueError, TypeError) as exc:
         raise RouterLoadError(f"model card has unusable features {description!r}: {exc}") from None
-    if builder.describe() != description:
+    if builder.describe() != {**description, "text_rule": rule}:
         raise RouterLoadError(
             f"feature mismatch: the model was trained on {description}, this gateway builds {builder.describe()}"
         )
@@ -140,8 +147,12 @@ def train_artifact(
     sources: dict[str, Any] | None = None,
     progress: bool = False,
     random_state: int = 0,
+    text_rule: str = "whole",
 ) -> RouterArtifact:
-    """Fit a quality model on (texts × workers) labels and package it with its model card."""
+    """Fit a quality model on (texts × workers) labels and package it with its model card.
+
+    ``text_rule``: which part of a query ``texts`` hold (the dataset's rule, router/features.py
+    TEXT_RULES), stored in the card so that the live router reads the same part of its queries."""
     labels = np.asarray(labels, dtype=float)
     if labels.shape != (len(texts), len(workers)):
         raise ValueError(f"labels must be {len(texts)} × {len(workers)}, got {labels.shape}")
@@ -156,7 +167,7 @@ def train_artifact(
             "(drop them from the data, or give them scores)"
         )
     started = time.time()
-    builder = feature_builder(backend)
+    builder = feature_builder(backend, text_rule=text_rule)
     X = builder.transform(list(texts), list(turns), progress=progress)
     with fit_progress(progress) as on_fit:
         fitted, report = fit_quality(X, labels, model, random_state, progress=on_fit)

@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from decimal import Decimal
 
-from router.decide import Estimate, utility
+from router.decide import Estimate, price_scale, utility
 
 WORKFLOWS = ("cascade", "ensemble", "builder", "debate", "plan")
 PREFIX = "compose:"
@@ -62,7 +62,7 @@ def predict_cascade(
     is no such pair (fewer than two workers, or the strongest is predicted cheapest)."""
     if len(estimates) < 2:
         return None
-    max_cost = max(e.cost_usd for e in estimates)
+    max_cost = price_scale([e.cost_usd for e in estimates], [e.known for e in estimates])  # as fast mode
     fast = max(estimates, key=lambda e: utility(e, cost_weight, max_cost))
     strong = max(estimates, key=lambda e: (e.quality, -e.cost_usd))
     # the cascade runs cheaper workers before the strongest (cascade.chain leaves dearer ones out):

@@ -23,6 +23,8 @@ from typing import Any
 
 import numpy as np
 
+from router.features import TEXT_RULES, TEXT_WHOLE
+
 CHARS_PER_TOKEN = 4.0
 
 
@@ -30,9 +32,13 @@ CHARS_PER_TOKEN = 4.0
 class RoutingDataset:
     """Questions x workers: `labels[i, j]` is how well worker j did on question i (1 = correct).
 
-    `response_chars[i, j]` is the length of worker j's recorded answer where the source has it (GSM8K),
-    NaN elsewhere; the evaluation uses it for per-query output-token costs. `ids` are stable row ids
-    ("mmlu/anatomy:3" = 4th question of that file, "mt_bench:81" = question_id 81) for tracing.
+    `response_chars[i, j]` is the length of worker j's recorded answer where the source has it (GSM8K,
+    and any dataset with `responses`, from which it is taken when not given), NaN elsewhere; the evaluation
+    uses it for per-query output-token costs, training for each worker's expected answer length
+    (:meth:`output_tokens`). `ids` are stable row ids ("mmlu/anatomy:3" = 4th question of that file,
+    "mt_bench:81" = question_id 81) for tracing. `text_rule` says which part of each query `texts`
+    holds (router/features.py TEXT_RULES: "whole" message, or its "last_paragraph"), so that a model
+    trained on them reads the same part of a live query.
     """
 
     name: str
@@ -50,6 +56,7 @@ class RoutingDataset:
     # Each worker's recorded answer per question (RouterBench, GSM8K), for replaying answer-aware plans;
     # None when the source records only scores.
     responses: list[list[str]] | None = None
+    text_rule: str = TEXT_WHOLE
 
     def __post_init__(self) -> None:
         n, k = len(self.texts), len(self.workers)
@@ -64,6 +71,8 @@ class RoutingDataset:
         elif len(self.ids) != n:
             raise ValueError(f"ids has {len(self.ids)} rows, expected {n}")
         chars = self.response_chars
+        if chars is None and self.responses is not None and [len(r) for r in self.responses] == [k] * n:
+            chars = [[float(len(answer)) for answer in row] for row in self.responses]
         chars = np.full((n, k), np.nan) if chars is None else np.asarray(chars, dtype=float)
         if chars.shape != (n, k):
             raise ValueError(f"response_chars has shape {chars.shape}, expected ({n}, {k})")
@@ -77,6 +86,8 @@ class RoutingDataset:
             len(self.responses) != n or any(len(r) != k for r in self.responses)
         ):
             raise ValueError(f"responses must be {n} rows of {k} answers")
+        if self.text_rule not in TEXT_RULES:
+            raise ValueError(f"unknown text rule {self.text_rule!r}; known: {', '.join(TEXT_RULES)}")
 
     def __len__(self) -> int:
         return len(self.texts)
@@ -85,6 +96,18 @@ class RoutingDataset:
     def parts(self) -> list[str]:
         """The source benchmark of each row ("mmlu", "gsm8k", "mt_bench"): the group up to the first '/'."""
         return [g.split("/", 1)[0] for g in self.groups]
+
+    def output_tokens(self) -> dict[str, float]:
+        """Each worker's median recorded answer length in tokens (characters / 4), for the workers whose
+        answers the data records: what a trained router expects a worker to write (its live cost)."""
+        assert self.response_chars is not None  # set in __post_init__
+        out: dict[str, float] = {}
+        for j, worker in enumerate(self.workers):
+            chars = self.response_chars[:, j]
+            chars = chars[np.isfinite(chars)]
+            if chars.size:
+                out[worker] = float(np.median(chars) / CHARS_PER_TOKEN)
+        return out
 
     def worker_index(self, worker: str) -> int:
         try:
@@ -114,6 +137,7 @@ class RoutingDataset:
             response_chars=self.response_chars[index],
             costs=None if self.costs is None else self.costs[index],
             responses=None if self.responses is None else [self.responses[i] for i in rows],
+            text_rule=self.text_rule,
         )
 
     def in_worker_order(self, workers: Sequence[str]) -> RoutingDataset:
@@ -129,8 +153,10 @@ class RoutingDataset:
             turns=self.turns,
             meta=self.meta,
             ids=self.ids,
+            response_chars=self.response_chars[:, order],
             costs=None if self.costs is None else self.costs[:, order],
             responses=None if self.responses is None else [[r[j] for j in order] for r in self.responses],
+            text_rule=self.text_rule,
         )
 
 
@@ -144,6 +170,7 @@ def single_turn(
     costs: np.ndarray,
     meta: dict[str, Any],
     responses: list[list[str]] | None = None,
+    text_rule: str = TEXT_WHOLE,
 ) -> RoutingDataset:
     """One single-turn dataset from parsed rows (labels: a list of per-row score lists)."""
     return RoutingDataset(
@@ -157,6 +184,7 @@ def single_turn(
         costs=costs,
         meta=meta,
         responses=responses,
+        text_rule=text_rule,
     )
 
 

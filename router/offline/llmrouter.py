@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from router.features import TEXT_WHOLE
 from router.offline.dataset import (
     RoutingDataset,
     estimate_costs,
@@ -170,4 +171,6 @@ def load_llmrouter(files: Sequence[str | Path], prices: str | Path | None = None
             "output_tokens_by_metric": LLMROUTER_OUTPUT_TOKENS,
             "cost_model": "USD = (chars/4 * input price + output tokens(metric) * output price) / 1e6",
         },
+        # the whole query: 7% of the training queries have several paragraphs, all of them the question
+        text_rule=TEXT_WHOLE,
     )

@@ -36,7 +36,7 @@ from router.costs import CostModel
 from router.evidence import logit
 from router.offline.book import AnswerBook
 from router.offline.code_runs import code_runs_for
-from router.offline.dataset import RoutingDataset
+from router.offline.dataset import CHARS_PER_TOKEN, RoutingDataset
 from router.offline.intervals import METHOD, PerQuery, differences, interval, resampled_aiq
 from router.offline.metrics import DEFAULT_LAMBDAS, aiq_within, lambda_curve
 from router.offline.plan_table_fit import cross_fit_tables
@@ -93,6 +93,27 @@ def _curve(run: Replay) -> list[dict]:
         point["calls_per_query"] = float(run.calls[at].mean())
         point["rounds_per_query"] = float(run.rounds[at].mean())
     return curve
+
+
+def single_target(Y: np.ndarray, C: np.ndarray, rows: np.ndarray) -> tuple[float, float]:
+    """What the operating λ must reach: the best single worker's (by mean training label) accuracy and
+    mean cost on the replayed training ``rows``."""
+    best = int(np.nanargmax(np.nanmean(Y, axis=0)))
+    return float(Y[rows, best].mean()), float(C[rows, best].mean())
+
+
+def operating_cost_weight(found: Strategies, Y: np.ndarray, C: np.ndarray) -> tuple[float, str]:
+    """The operating λ of the chosen strategy and why: :func:`_operating` (the harness's rule) on the
+    cross-fitted replay of the training files, so `router train` stores the λ `router eval` validates."""
+    target, budget = single_target(Y, C, found.rows)
+    run = found.held[found.chosen]
+    at, how = _operating(run, target, budget)
+    accuracy, spent = float(run.accuracy()[at]), float(run.mean_cost()[at])
+    return float(run.lambdas[at]), (
+        f"{how}: the {found.chosen.replace('_', ' ')}'s cross-fitted replay of the {len(found.rows)} "
+        f"training queries reaches {accuracy:.3f} at ${spent:.6f}/query (best single worker {target:.3f} "
+        f"at ${budget:.6f})"
+    )
 
 
 def _operating(run: Replay, target: float, budget: float) -> tuple[int, str]:
@@ -249,7 +270,7 @@ def evaluate_cascade(
     table = strategies.table
     validation_aiq = strategies.aiq
     best, _ = best_and_cheapest(train)
-    target, budget = float(Y[complete, best].mean()), float(C[complete, best].mean())
+    target, budget = single_target(Y, C, complete)  # the rule train_cascade stores the λ of
 
     say("test: replaying the test files")
     test_log_odds = logit(np.nan_to_num(quality, nan=0.5))
@@ -389,12 +410,25 @@ def train_cascade(
         ds.workers,
         backend=backend,
         model=model,
+        # live costs price each worker's recorded answer length, as for single routing
+        output_tokens=ds.output_tokens(),
         tiers=tiers,
         sources=sources,
         progress=progress,
         random_state=seed,
+        text_rule=ds.text_rule,  # the live router reads the part of a query the training texts hold
     )
     X = feature_builder(backend).transform(ds.texts, ds.turns)
+    if artifact.output_tokens:  # the answers' lengths per query, as the cost model predicts the recorded USD
+        assert ds.response_chars is not None
+        artifact.output_model = CostModel().fit(X, ds.response_chars / CHARS_PER_TOKEN)
+        artifact.card["output_tokens"] = {
+            "median": artifact.output_tokens,
+            "per_query": "ridge regression of log completion tokens on the query's features per worker "
+            "(router/costs.py), fitted on the recorded answers' lengths (characters / 4); live costs are "
+            "the catalog's prices at the prompt's and these tokens",
+            "columns": list(ds.workers),  # the model's, by worker
+        }
     chosen = artifact.card.get("model", model)
     say(f"cross-fitting the prior ({FOLDS} folds)")
     folds_done = 0
@@ -412,8 +446,11 @@ def train_cascade(
     book = AnswerBook(ds.texts, ds.responses, code_runs_for(ds.texts, ds.responses))
     rec = Recorded.from_priors(book, prior, ds.labels)
     planners = fit_planner(rec, k=FOLDS, seed=seed, fold_of=fold_of, progress=say)
+    # how code answers were compared in training: live, the gateway compares them so only with
+    # POLYROUTE_PLAN_CODE_EXEC on (else by canonical source), which /admin/router warns of
+    code = {"code_answers": "behaviour", "code_questions": len(book.behaviour)}
     artifact.cascade = planners.final
-    artifact.card["cascade"] = {**planners.final.card, "strategy": "planner"}
+    artifact.card["cascade"] = {**planners.final.card, "strategy": "planner", **code}
     if ds.costs is not None:  # a plan table is scored on recorded costs (RouterBench has them)
         C = np.asarray(ds.costs, dtype=float)
         say(f"cross-fitting the cost model ({FOLDS} folds)")
@@ -431,6 +468,13 @@ def train_cascade(
             **found.final[found.chosen].card,
             "strategy": found.chosen,
             "validation_aiq": {name: round(value, 4) for name, value in found.aiq.items()},
+            **code,
         }
+        # the λ `router eval` validates, chosen by its rule on this very replay (never on test files):
+        # the gateway's default λ unless the operator sets POLYROUTE_COST_WEIGHT
+        weight, why = operating_cost_weight(found, ds.labels, C)
+        artifact.card["operating_cost_weight"] = weight
+        artifact.card["operating_cost_weight_reason"] = why
+        say(f"operating λ {weight:g}: {why}")
     artifact.card["strategy"] = "cascade"
     return artifact

@@ -121,14 +121,12 @@ def combine(
 
 
 def output_tokens(datasets: list[Any]) -> dict[str, float]:
-    """Median completion tokens per public model where the data records answers (chars / 4)."""
+    """Median completion tokens per public model where the data records answers (chars / 4):
+    :meth:`RoutingDataset.output_tokens`, under the prior's column names."""
     out: dict[str, float] = {}
     for ds in datasets:
-        for j, w in enumerate(ds.workers):
-            chars = ds.response_chars[:, j]
-            chars = chars[np.isfinite(chars)]
-            if chars.size:
-                out[RENAMES.get(w, w)] = float(np.median(chars) / 4.0)
+        for w, tokens in ds.output_tokens().items():
+            out[RENAMES.get(w, w)] = tokens
     return out
 
 
@@ -136,6 +134,7 @@ def train_prior(
     shared: Path = SHARED_DATA, backend: str = "static", seed: int = 0, progress: bool = True
 ) -> RouterArtifact:
     """The shipped prior's artifact (not saved)."""
+    from router.features import combined_text_rule
     from router.quality import EnsembleQuality
     from router.training import feature_builder
 
@@ -145,7 +144,9 @@ def train_prior(
     keep = [j for j in range(len(workers)) if np.any(~np.isnan(labels[:, j]))]
     workers = [workers[j] for j in keep]
     labels = labels[:, keep]
-    builder = feature_builder(backend)
+    # the sources' texts follow different rules (RouterBench's last paragraph, the others' whole query):
+    # combined, the live router reads the whole query
+    builder = feature_builder(backend, text_rule=combined_text_rule([ds.text_rule for ds in datasets]))
     X = builder.transform(texts, turns, progress=progress)
     model = EnsembleQuality(PRIOR_MEMBERS, random_state=seed).fit(X, labels)
     observed = {w: int(np.sum(~np.isnan(labels[:, i]))) for i, w in enumerate(workers)}

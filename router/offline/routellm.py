@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from router.features import TEXT_WHOLE
 from router.offline.dataset import (
     CHARS_PER_TOKEN,
     RoutingDataset,
@@ -370,6 +371,7 @@ def load_routellm(root: str | Path = DEFAULT_ROOT, parts: Sequence[str] = PARTS)
         meta=meta,
         ids=[i for p in loaded.values() for i in p.ids],
         response_chars=chars,
+        text_rule=TEXT_WHOLE,  # the whole prompt, as a client sends it
     )
 
 
@@ -455,4 +457,5 @@ def gsm8k_dataset(data: dict[str, Any]) -> RoutingDataset:
         turns=[1] * n,
         costs=np.column_stack([data["cost_weak"], data["cost_strong"]]),
         responses=[[w, s] for w, s in zip(data["weak_answers"], data["strong_answers"], strict=True)],
+        text_rule=TEXT_WHOLE,
     )

@@ -6,8 +6,10 @@ cost column exists. ``<model>|model_response`` holds each model's answer.
 
 RouterBench prompts are few-shot: a shared block of solved examples, then the question. A router should
 read the question, not the examples (MiniLM reads 128 tokens, which would be examples only), so the text
-routed on is the last message's last paragraph (:func:`focus_text`); the full prompt's length is kept
-for costs (``meta["prompt_chars"]``).
+routed on is the last message's last paragraph (:func:`router.features.focus_text`); the dataset says so
+(``text_rule="last_paragraph"``), a model trained on it records the rule in its card, and the live
+router applies the same rule to each query. The full prompt's length is kept for costs
+(``meta["prompt_chars"]``).
 """
 
 from __future__ import annotations
@@ -20,18 +22,13 @@ from pathlib import Path
 
 import numpy as np
 
+from router.features import MIN_FOCUS_CHARS, TEXT_LAST_PARAGRAPH, focus_text, query_text
 from router.offline.dataset import RoutingDataset, csv_rows, number_cell, single_turn
+
+__all__ = ["MIN_FOCUS_CHARS", "focus_text", "load_routerbench"]
 
 COST_SUFFIX = "|total_cost"
 RESPONSE_SUFFIX = "|model_response"
-MIN_FOCUS_CHARS = 20
-
-
-def focus_text(message: str) -> str:
-    """The last paragraph of a message (the question after any few-shot examples); the whole message if
-    that paragraph is too short to stand alone."""
-    tail = message.strip().rsplit("\n\n", 1)[-1].strip()
-    return tail if len(tail) >= MIN_FOCUS_CHARS else message.strip()
 
 
 def _last_message(raw: str, where: str) -> str:
@@ -109,7 +106,7 @@ def load_routerbench(files: Sequence[str | Path]) -> RoutingDataset:
                     blank[model] += 1
                 row_labels.append(score)
                 row_costs.append(cost)
-            texts.append(focus_text(message))
+            texts.append(query_text(message, TEXT_LAST_PARAGRAPH))
             prompt_chars.append(len(message))
             groups.append(record[col["eval_name"]].strip() or path.stem)
             ids.append(record[id_col].strip() if id_col is not None else f"{path.stem}:{ordinal}")
@@ -135,4 +132,5 @@ def load_routerbench(files: Sequence[str | Path]) -> RoutingDataset:
             "responses": has_responses,
         },
         responses if has_responses else None,
+        text_rule=TEXT_LAST_PARAGRAPH,
     )
