@@ -4,18 +4,22 @@
 shipped probe set (router/probes) and teaches the router what it measured:
 
 1. Plan: the probes (seeded, stratified), the workers (named, or every available one), minus the
-   (worker, probe) pairs the ledger already holds a calibration grade for: a rerun resumes.
+   (worker, probe) pairs the ledger already holds a calibration grade for (a rerun resumes) and
+   those the policy in force excludes (named with the rule, nothing sent).
 2. Call: each pair is one chat request of one user message, sent with the gateway's own objects,
    built by `gateway.state.build_state` from the same settings (POLYROUTE_*) a gateway would use:
-   the policy engine in force evaluates it as data class `public` for the calibration tenant (a
-   worker it does not admit is skipped and reported, nothing is sent), `WorkerClient.complete`
+   the policy engine in force evaluates it again as data class `public` for the calibration tenant
+   (a worker it does not admit is skipped and reported, nothing is sent), `WorkerClient.complete`
    calls the worker (litellm's transforms, retries, timeouts), and the cost is the one it computes
    from the catalog's prices, as for any request.
 3. Grade (router/grading.py) and write the ledger: a request record (strategy and trace say
    "calibration", with the probe id) and a feedback record with `source: "calibration"` — labelled
-   examples that `router train --from-ledger` reads like any other.
+   examples that `router train --from-ledger` reads like any other. A 200 without choices, or with
+   an empty answer cut by max_tokens, is a failed call (no grade; a rerun asks again); an empty
+   answer the worker ended itself is graded (0).
 4. Fit: the graded workers' vectors on top of the router in force (router/onboard.py), saved as a
-   new version and activated: the hot swap a running gateway watches for.
+   new version and activated: the hot swap a running gateway watches for. When no grade arrived
+   since the version in force was fitted, nothing is saved and that version stays in force.
 
 Why in-process rather than over HTTP to a running gateway: the worker path, policy and cost code
 are the same objects either way, but in-process needs no running gateway nor a tenant key, can
@@ -27,19 +31,31 @@ gateway and its exports see the records.
 
 The cap: a call starts only if what the run has spent, plus what calls in flight hold, plus this
 call's hold fits under the cap. A hold is the gateway's prediction of the call's cost (prompt
-characters / 4, and max_tokens of output), or the most a call to that worker has cost in this run
-if that is more; so the cap is passed only when a worker's first answer costs more than predicted.
+characters as policies.cost.token_chars counts them / 4, and max_tokens of output), scaled by what
+this worker's answered calls were billed against their predictions (prompt tokens billed per token
+predicted, output tokens per max_tokens; never below the prediction), or, until it has answered, by
+what every answered call of the run was. Nothing measured that worker yet, so a priced worker's
+calls until its first answer run one at a time in the whole run: the cap is passed by at most one
+call's excess over its hold (and what calls of measured workers in flight then bill above theirs).
+A lane never waits behind such a call: it takes the next pair that may start (another worker's). An
+answer whose provider reports no usage is booked at its hold. A run that passes the cap says so.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
+import json
+import math
+import os
 import secrets
+import signal
 import statistics
+import threading
 import time
 import uuid
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from decimal import Decimal
@@ -49,6 +65,7 @@ from typing import Any
 from policies import (
     Catalog,
     Kind,
+    PolicyEngine,
     PolicyRequest,
     PolicyRequestError,
     Spend,
@@ -60,13 +77,15 @@ from router.probes import Probe, ProbeSet
 
 CALIBRATION = "calibration"  # the ledger's strategy and feedback source, and the default tenant
 DATA_CLASS = "public"  # probes are public data; the policy still applies to them
-# What an answer of each type usually costs in output tokens (for the estimate; the cap uses max_tokens).
+# What an answer of each type usually costs in output tokens (the estimate; never more than the
+# probe's max_tokens, which the holds of the cap use).
 EXPECTED_OUTPUT_TOKENS = {"choice": 8, "number": 250, "match": 12, "code": 200}
-LOCAL_READY_MARGIN_S = 300.0
+LOCAL_READY_MARGIN_S = 300.0  # a local worker's first start assembles its model file
 MAX_FAILURES_IN_A_ROW = (
     5  # then a worker's other pairs wait for a rerun: a dead worker costs minutes, not hours
 )
-READ_CHARS = 200  # what the grader read, as kept in the ledger's trace  # a local worker's first start assembles its model file
+READ_CHARS = 200  # what the grader read, as kept in the ledger's trace
+USAGE_MISSING = "missing: booked at the hold"  # trace.calibration.usage of an answer without usage
 
 
 class CalibrationError(Exception):
@@ -81,6 +100,7 @@ class Graded:
     score: float
     query: str | None
     completion_tokens: int
+    at: float = 0.0  # when the grade was written (its feedback record's `at`)
 
 
 def graded_pairs(records: Iterable[dict]) -> dict[tuple[str, str], Graded]:
@@ -102,7 +122,10 @@ def graded_pairs(records: Iterable[dict]) -> dict[tuple[str, str], Graded]:
             at = float(record.get("at") or 0)
             if key not in grades or at >= grades[key][0]:
                 graded = Graded(
-                    float(record["score"]), request.get("query"), int(request.get("completion_tokens") or 0)
+                    float(record["score"]),
+                    request.get("query"),
+                    int(request.get("completion_tokens") or 0),
+                    at,
                 )
                 grades[key] = (at, graded)
     return {key: graded for key, (_, graded) in grades.items()}
@@ -123,6 +146,13 @@ class Plan:
     unavailable: dict[str, str]  # named (or in the catalog) but cannot be called: why
     done: int  # pairs of this plan graded by an earlier run
     pending: list[Pair]  # probe-major: at the cap, every worker has about the same probes
+    # worker -> policy rule -> pairs the policy in force excludes: not planned, nothing sent
+    excluded: dict[str, Counter[str]] = field(default_factory=dict)
+    reasons: dict[str, str] = field(default_factory=dict)  # policy rule -> its reason (the first seen)
+
+    @property
+    def excluded_pairs(self) -> int:
+        return sum(sum(rules.values()) for rules in self.excluded.values())
 
 
 def parse_worker_names(value: str | None) -> list[str] | None:
@@ -163,6 +193,62 @@ def choose_workers(
     return workers, unavailable
 
 
+def check_policy(engine: PolicyEngine | None, last_error: str | None = None) -> PolicyEngine:
+    """The engine, if probes may be evaluated by it; CalibrationError saying why not otherwise."""
+    if engine is None:
+        raise CalibrationError(f"no valid policy is loaded, so no worker may be called: {last_error}")
+    if DATA_CLASS not in engine.policy.data_classes:
+        raise CalibrationError(
+            f"the policy has no data class {DATA_CLASS!r} (it has {list(engine.policy.data_classes)}); "
+            "probes are public data"
+        )
+    return engine
+
+
+def planning_policy(settings: Any, catalog: Catalog) -> PolicyEngine:
+    """The policy a run with these settings will evaluate its calls by, read without writing
+    anything (a dry run sends and writes nothing): the policy file in force, or on a data dir that
+    never served the shipped default (which the run's first start copies there). A data dir that
+    served and lost its policy file is refused, as the gateway refuses it."""
+    from gateway.state import LEDGER_FILE, POLICY_AUDIT, catalog_check, policy_path
+    from policies import DEFAULT_POLICY_PATH, PolicyError, PolicySource
+
+    data_dir = Path(settings.data_dir)
+    fresh = (
+        settings.policy_file is None
+        and not (data_dir / "policy.yaml").exists()
+        and not any((data_dir / name).exists() for name in (POLICY_AUDIT, LEDGER_FILE))
+    )
+    try:
+        path = DEFAULT_POLICY_PATH if fresh else policy_path(settings)
+    except PolicyError as exc:
+        raise CalibrationError(str(exc)) from None
+    source = PolicySource(path, None, catalog_check(catalog))
+    return check_policy(source.engine, source.last_error)
+
+
+def admission_for(
+    engine: PolicyEngine,
+    catalog: Catalog,
+    chat: Any,
+    worker: Worker,
+    tenant: str,
+    down: dict[str, str] | None = None,
+    assume_available: bool = False,
+):
+    """The policy's verdict on one probe's request to one worker (data class public, no spend)."""
+    request = PolicyRequest(
+        tenant=tenant,
+        model=worker.name,
+        texts=chat.texts(),
+        data_class=DATA_CLASS,
+        prompt_chars=chat.prompt_chars(),
+        max_output_tokens=chat.output_budget(),
+        spend=Spend(),
+    )
+    return engine.evaluate(request, catalog, down, assume_available=assume_available)
+
+
 def make_plan(
     catalog: Catalog,
     probe_set: ProbeSet,
@@ -171,13 +257,37 @@ def make_plan(
     names: list[str] | None,
     records: Iterable[dict],
     local_enabled: bool = True,
+    engine: PolicyEngine | None = None,
+    tenant: str = CALIBRATION,
 ) -> Plan:
+    """The pairs to call. With `engine` (the policy in force), a pair it excludes is not planned:
+    it is counted under its rule in `excluded` (the run evaluates every call again, in case the
+    policy changes meanwhile)."""
     workers, unavailable = choose_workers(catalog, names, local_enabled)
     probes = probe_set.select(count, seed)
     graded = graded_pairs(records)
     pending = [Pair(p, w) for p in probes for w in workers if (w.name, p.id) not in graded]
     done = sum((w.name, p.id) in graded for p in probes for w in workers)
-    return Plan(probe_set, probes, workers, unavailable, done, pending)
+    plan = Plan(probe_set, probes, workers, unavailable, done, pending)
+    if engine is None:
+        return plan
+    kept = []
+    for pair in pending:
+        try:
+            admission = admission_for(
+                engine, catalog, chat_for(pair.probe, pair.worker), pair.worker, tenant, assume_available=True
+            )
+        except PolicyRequestError as exc:
+            raise CalibrationError(f"the policy refuses the probes' data class: {exc}") from None
+        if admission.admits(pair.worker.name):
+            kept.append(pair)
+            continue
+        exclusion = admission.exclusion_for(pair.worker.name)
+        rule = exclusion.rule if exclusion else "?"
+        plan.excluded.setdefault(pair.worker.name, Counter())[rule] += 1
+        plan.reasons.setdefault(rule, exclusion.reason if exclusion else "not admitted")
+    plan.pending = kept
+    return plan
 
 
 def chat_for(probe: Probe, worker: Worker):
@@ -195,20 +305,27 @@ def chat_for(probe: Probe, worker: Worker):
 class WorkerEstimate:
     worker: str
     pairs: int
-    expected_usd: Decimal  # prompt chars / 4 in, the type's usual answer length out
-    worst_usd: Decimal  # max_tokens out: what the cap holds per call
+    expected_usd: Decimal  # the holds' prompt prediction in, the type's usual answer length out
+    worst_usd: Decimal  # max_tokens out: what the cap holds per call before a worker has answered
 
 
 def estimate(plan: Plan) -> list[WorkerEstimate]:
-    """What the pending pairs should cost, per worker, from the catalog's prices."""
+    """What the pending pairs should cost, per worker, from the catalog's prices: the prediction
+    the cap's holds start from (prompt characters as policies.cost.token_chars counts them, the
+    probe's max_tokens out), and an expected cost with the type's usual answer length (never more
+    than max_tokens) out."""
     out = []
     for worker in plan.workers:
         pairs = [pair for pair in plan.pending if pair.worker.name == worker.name]
         expected = worst = Decimal(0)
         for pair in pairs:
-            prompt_tokens, _ = estimate_tokens(len(pair.probe.prompt), pair.probe.max_tokens)
-            expected += worker.cost_usd(prompt_tokens, EXPECTED_OUTPUT_TOKENS[pair.probe.type])
-            worst += predicted_cost(worker, len(pair.probe.prompt), pair.probe.max_tokens)
+            chat = chat_for(pair.probe, worker)
+            size, budget = chat.prompt_chars(), chat.output_budget()
+            prompt_tokens, output_tokens = estimate_tokens(size, budget)
+            expected += worker.cost_usd(
+                prompt_tokens, min(EXPECTED_OUTPUT_TOKENS[pair.probe.type], output_tokens)
+            )
+            worst += predicted_cost(worker, size, budget)
         out.append(WorkerEstimate(worker.name, len(pairs), expected, worst))
     return out
 
@@ -225,6 +342,8 @@ class WorkerTally:
     spent: Decimal = Decimal(0)
     failing: int = 0  # failed calls in a row
     gave_up: bool = False  # MAX_FAILURES_IN_A_ROW reached: the worker's other pairs are left for a rerun
+    no_usage: int = 0  # answers of a priced worker that reported no usage: each booked at its hold
+    booked: Decimal = Decimal(0)  # what those were booked at
 
     @property
     def mean(self) -> float | None:
@@ -239,17 +358,57 @@ class RunResult:
     left: int  # pending pairs not attempted (the cap, or a worker that never started)
     unavailable: dict[str, str]  # workers dropped at the start (a local worker that did not start)
     blocked: tuple[str, Decimal] | None = None  # the call that did not fit under the cap: worker, hold
+    cap: Decimal | None = None
 
     @property
     def errors(self) -> int:
         return sum(t.errors for t in self.tallies.values())
+
+    @property
+    def over_cap(self) -> bool:
+        """The run spent more than its cap: answers cost more than their holds."""
+        return self.cap is not None and self.spent > self.cap
+
+
+@dataclass
+class Rate:
+    """What one worker's answered calls were billed against their predictions. Its later calls are
+    held at their predictions scaled by it: prompt tokens by the billed/predicted ratio of all its
+    answered prompts together (a long prompt weighs more than a short one, whose chat template
+    tokens inflate its ratio), output tokens by the most it billed per max_tokens allowed. Never
+    below the prediction: a worker that bills less does not lower a bound."""
+
+    billed: int = 0  # prompt tokens billed, summed over its answered calls
+    predicted: int = 0  # prompt tokens predicted for them
+    output: float = 1.0  # the most output tokens billed per output token allowed (at least 1)
+
+    @property
+    def observed(self) -> bool:
+        return bool(self.predicted) or self.output > 1.0
+
+    def observe(self, predicted: int, billed: int, budget: int | None, completion: int) -> None:
+        if predicted > 0 and billed > 0:
+            self.billed += billed
+            self.predicted += predicted
+        if budget and completion > 0:
+            self.output = max(self.output, completion / budget)
+
+    def scale(self, prompt_tokens: int, output_tokens: int) -> tuple[int, int]:
+        if self.predicted:
+            prompt_tokens = max(prompt_tokens, -(-prompt_tokens * self.billed // self.predicted))
+        return prompt_tokens, max(output_tokens, math.ceil(output_tokens * self.output))
 
 
 Progress = Callable[[Pair, str, Decimal], None]  # (pair, outcome, spent so far)
 
 
 class Runner:
-    """Runs a plan's pending pairs on an AppState, `concurrency` at a time, in order, under the cap."""
+    """Runs a plan's pending pairs on an AppState, `concurrency` at a time, in order, under the cap.
+
+    Each lane takes the first pending pair (in plan order) that may start now and never waits
+    behind a call it cannot join: a local worker answers one call at a time, and a priced worker
+    that has not answered yet (nothing measured scales its prediction) may have one call in flight
+    in the whole run. A lane waits only when no pending pair may start, until a call ends."""
 
     def __init__(
         self,
@@ -269,52 +428,83 @@ class Runner:
         self.progress = progress or (lambda pair, outcome, spent: None)
         self.say = say or (lambda message: None)
         self.tallies = {w.name: WorkerTally() for w in plan.workers}
+        self.workers = {w.name: w for w in plan.workers}
         self.spent = Decimal(0)
         self.held = Decimal(0)
-        self.largest: dict[str, Decimal] = {}
+        self.rates: dict[str, Rate] = {}  # per worker that has answered: its holds' scale
+        self.run_rate = Rate()  # every answered call's: the scale of a worker that has not answered yet
         self.capped = False
         self.blocked: tuple[str, Decimal] | None = None  # the first call that did not fit: worker, hold
         self.dropped: dict[str, str] = {}
+        # per worker, its pending pairs with their place in the plan's order
+        self.queues: dict[str, deque[tuple[int, Pair]]] = {w.name: deque() for w in plan.workers}
         # A local llama.cpp server answers one request at a time: queued calls would only wait out
         # their timeouts there, so each local worker gets one call in flight.
-        self.slots = {w.name: asyncio.Semaphore(1) for w in plan.workers if w.local is not None}
-        # Until a worker has answered once, its hold is only the prediction (chars/4, the probe's
-        # max_tokens), which a non-English prompt or reasoning tokens can pass: one such call in flight
-        # per worker, so the cap is passed by at most one call's excess, not by `concurrency` of them.
-        self.unmeasured = {w.name: asyncio.Lock() for w in plan.workers}
+        self.local_busy: set[str] = set()
+        # The one call in flight of a priced worker that has not answered yet (see the module docstring).
+        self.unmeasured_call: str | None = None
+        self._changed: asyncio.Event | None = None
 
     # -- the cap ---------------------------------------------------------------------------------
-    def _reserve(self, worker: Worker, chat) -> Decimal | None:
+    def _priced(self, worker: Worker) -> bool:
+        return worker.cost_usd(1_000_000, 1_000_000) > 0
+
+    def _unmeasured(self, worker: Worker) -> bool:
+        """A priced worker that has not answered yet: nothing measured what it bills (its holds are
+        scaled by the run's rate, which another worker's tokenizer made)."""
+        return worker.name not in self.rates and self._priced(worker)
+
+    def _hold(self, worker: Worker, chat) -> tuple[Decimal, int]:
+        """(this call's hold, its predicted prompt tokens): the prediction, scaled by the worker's rate."""
+        prompt_tokens, output_tokens = estimate_tokens(chat.prompt_chars(), chat.output_budget())
+        rate = self.rates.get(worker.name)
+        if rate is None or not rate.observed:
+            rate = self.run_rate
+        return worker.cost_usd(*rate.scale(prompt_tokens, output_tokens)), prompt_tokens
+
+    def _reserve(self, worker: Worker, chat) -> tuple[Decimal, int] | None:
         """Hold this call's cost if it fits under the cap; None (and the run stops) if it does not.
         No await between the check and the update: calls in flight cannot race it."""
-        hold = max(
-            predicted_cost(worker, chat.prompt_chars(), chat.output_budget()),
-            self.largest.get(worker.name, Decimal(0)),
-        )
+        hold, predicted = self._hold(worker, chat)
         if self.spent + self.held + hold > self.cap:
             self.capped = True
             self.blocked = self.blocked or (worker.name, hold)
             return None
         self.held += hold
-        return hold
+        return hold, predicted
+
+    # -- which pair next -------------------------------------------------------------------------
+    def _may_start(self, worker: Worker) -> bool:
+        if self.tallies[worker.name].gave_up:
+            return True  # taken at once as abandoned: nothing is sent
+        if worker.local is not None and worker.name in self.local_busy:
+            return False
+        return not (self.unmeasured_call is not None and self._unmeasured(worker))
+
+    def _take(self) -> Pair | None:
+        """The first pending pair in plan order that may start now; None when none may."""
+        best: tuple[int, str] | None = None
+        for name, queue in self.queues.items():
+            if queue and (best is None or queue[0][0] < best[0]) and self._may_start(self.workers[name]):
+                best = (queue[0][0], name)
+        return None if best is None else self.queues[best[1]].popleft()[1]
+
+    def _notify(self) -> None:
+        """A call ended (or the run stopped): lanes waiting for a pair that may start look again."""
+        if self._changed is not None:
+            self._changed.set()
+            self._changed = asyncio.Event()
 
     # -- one pair --------------------------------------------------------------------------------
     def _admission(self, chat, worker: Worker):
-        engine = self.state.policy.engine
-        request = PolicyRequest(
-            tenant=self.tenant,
-            model=worker.name,
-            texts=chat.texts(),
-            data_class=DATA_CLASS,
-            prompt_chars=chat.prompt_chars(),
-            max_output_tokens=chat.output_budget(),
-            spend=Spend(),
-        )
-        return engine.evaluate(request, self.state.catalog, self.state.down_workers())
+        engine = check_policy(self.state.policy.engine, self.state.policy.last_error)
+        return admission_for(engine, self.state.catalog, chat, worker, self.tenant, self.state.down_workers())
 
     async def _one(self, pair: Pair) -> str:
         """Call, grade, record one pair; returns its outcome: graded, error, skipped (by the policy),
-        capped (the run stops) or abandoned (its worker failed too often in a row)."""
+        capped (the run stops) or abandoned (its worker failed too often in a row). Everything up to
+        the call's hold runs without an await, from the moment the lane took the pair: the worker's
+        state it was taken on (given up, busy, measured) is the state it is sent on."""
         probe, worker = pair.probe, pair.worker
         tally = self.tallies[worker.name]
         if tally.gave_up:
@@ -327,32 +517,37 @@ class Runner:
             tally.skipped[rule] += 1
             tally.reasons.setdefault(rule, exclusion.reason if exclusion else "not admitted")
             return "skipped"
-        gate = self.unmeasured[worker.name]
-        if worker.name in self.largest:
-            gate = None
-        else:
-            await gate.acquire()
-            if worker.name in self.largest:  # measured while this call waited
-                gate.release()
-                gate = None
+        unmeasured, local = self._unmeasured(worker), worker.local is not None
+        if unmeasured:
+            self.unmeasured_call = worker.name
+        if local:
+            self.local_busy.add(worker.name)
         try:
             return await self._call(pair, chat, admission)
         finally:
-            if gate is not None:
-                gate.release()
+            if unmeasured and self.unmeasured_call == worker.name:
+                self.unmeasured_call = None
+            if local:
+                self.local_busy.discard(worker.name)
+
+    def _failed(self, tally: WorkerTally, message: str) -> None:
+        tally.errors += 1
+        tally.last_error = message
+        tally.failing += 1
+        tally.gave_up = tally.failing >= MAX_FAILURES_IN_A_ROW
 
     async def _call(self, pair: Pair, chat, admission) -> str:
         """The call, its grade and its records, under the cap (see :meth:`_one`)."""
         from gateway.ledger import FeedbackRecord, RequestRecord, storable_query
         from gateway.store import to_micros
         from gateway.upstream import WorkerError
-        from router.grading import grade
 
         probe, worker = pair.probe, pair.worker
         tally = self.tallies[worker.name]
-        hold = self._reserve(worker, chat)
-        if hold is None:
+        reserved = self._reserve(worker, chat)
+        if reserved is None:
             return "capped"
+        hold, predicted_prompt = reserved
         request_id = "cal_" + uuid.uuid4().hex
         started = time.perf_counter()
         trace: dict[str, Any] = {"probe": probe.id, "task": probe.task, "type": probe.type}
@@ -383,14 +578,11 @@ class Runner:
 
         try:
             try:
-                async with self.slots.get(worker.name) or contextlib.nullcontext():
-                    async with asyncio.timeout(self.state.settings.request_timeout_s):
-                        completion = await self.state.client.complete(
-                            worker, self.state.api_base(worker), chat
-                        )
+                async with asyncio.timeout(self.state.settings.request_timeout_s):
+                    completion = await self.state.client.complete(worker, self.state.api_base(worker), chat)
             finally:
                 self.held -= hold
-        except asyncio.CancelledError:  # Ctrl-C: the call was sent, and its provider may bill it
+        except asyncio.CancelledError:  # Ctrl-C or SIGTERM: the call was sent, and its provider may bill it
             record_failure(499, f"stopped while {worker.name} answered: the call may cost up to ${hold:.6f}")
             raise
         except (WorkerError, TimeoutError) as exc:
@@ -400,18 +592,30 @@ class Runner:
                 if isinstance(exc, WorkerError)
                 else f"no answer within {self.state.settings.request_timeout_s:g} s"
             )
-            tally.errors += 1
-            tally.last_error = message
-            tally.failing += 1
-            tally.gave_up = tally.failing >= MAX_FAILURES_IN_A_ROW
+            self._failed(tally, message)
             record_failure(status, message)
             return "error"
         latency = round((time.perf_counter() - started) * 1000, 2)
-        tally.failing = 0
         cost = completion.cost_usd
+        if completion.prompt_tokens <= 0 and completion.completion_tokens <= 0:
+            # The provider reported no usage, so its cost is unknown (litellm computes $0): book the
+            # most the call could cost, so the cap and the ledger see it. Nothing is learnt for the holds.
+            cost = max(cost, hold)
+            trace["usage"] = USAGE_MISSING
+            if hold > 0:
+                tally.no_usage += 1
+                tally.booked += hold
+            self.rates.setdefault(worker.name, Rate())
+        else:
+            for rate in (self.rates.setdefault(worker.name, Rate()), self.run_rate):
+                rate.observe(
+                    predicted_prompt,
+                    completion.prompt_tokens,
+                    chat.output_budget(),
+                    completion.completion_tokens,
+                )
         self.spent += cost
         tally.spent += cost
-        self.largest[worker.name] = max(self.largest.get(worker.name, Decimal(0)), cost)
         base = {
             **common,
             "worker": worker.name,
@@ -421,10 +625,22 @@ class Runner:
             "latency_ms": latency,
         }
         text = answer_text(completion.body)
-        try:
-            result = (
-                await asyncio.to_thread(grade, probe, text) if probe.type == "code" else grade(probe, text)
+        if not gradable(completion.body, text):  # paid, nothing to grade: failed (no feedback), asked again
+            message = missing_answer(completion.body)
+            self._failed(tally, message)
+            self.state.ledger.record_request(
+                RequestRecord(**base, status=502, trace={CALIBRATION: {**trace, "error": message}})
             )
+            return "error"
+        tally.failing = 0
+        try:
+            result = await self._grade(probe, text)
+        except asyncio.CancelledError:  # stopped while grading: the paid call is booked, not graded
+            message = "stopped while its answer was graded: not graded (a rerun asks again)"
+            self.state.ledger.record_request(
+                RequestRecord(**base, status=200, trace={CALIBRATION: {**trace, "error": message}})
+            )
+            raise
         except Exception as exc:  # a grader bug must not become a label: the call is booked, not graded
             tally.errors += 1
             tally.last_error = f"grading failed: {type(exc).__name__}: {exc}"
@@ -441,6 +657,15 @@ class Runner:
         tally.graded += 1
         tally.score_sum += result.score
         return "graded"
+
+    async def _grade(self, probe: Probe, text: str):
+        """The grade; a code answer's tests run in a thread of their own (they block, up to the
+        probe's timeout) that a cancelled run does not wait for (:func:`in_daemon_thread`)."""
+        from router.grading import grade
+
+        if probe.type != "code":
+            return grade(probe, text)
+        return await in_daemon_thread(grade, probe, text)
 
     # -- the whole run ---------------------------------------------------------------------------
     async def _start_local(self) -> None:
@@ -459,33 +684,41 @@ class Runner:
             await asyncio.to_thread(self.state.ledger.flush)
 
     async def run(self) -> RunResult:
-        engine = self.state.policy.engine
-        if engine is None:
-            raise CalibrationError(
-                f"no valid policy is loaded, so no worker may be called: {self.state.policy.last_error}"
-            )
-        if DATA_CLASS not in engine.policy.data_classes:
-            raise CalibrationError(
-                f"the policy has no data class {DATA_CLASS!r} (it has {list(engine.policy.data_classes)}); "
-                "probes are public data"
-            )
+        check_policy(self.state.policy.engine, self.state.policy.last_error)
         await self._start_local()
-        pending = iter([pair for pair in self.plan.pending if pair.worker.name not in self.dropped])
+        self._changed = asyncio.Event()
+        for index, pair in enumerate(self.plan.pending):
+            if pair.worker.name not in self.dropped:
+                self.queues[pair.worker.name].append((index, pair))
 
         async def lane() -> None:
-            for pair in pending:  # one iterator shared by the lanes: each takes the next pair in order
-                if self.capped:
-                    return
+            while not self.capped:
+                pair = self._take()
+                if pair is None:
+                    if not any(self.queues.values()):
+                        return
+                    assert self._changed is not None
+                    await self._changed.wait()  # a call in flight holds what every pending pair needs
+                    continue
                 try:
                     outcome = await self._one(pair)
                 except PolicyRequestError as exc:
                     raise CalibrationError(f"the policy refuses the probes' data class: {exc}") from None
+                finally:
+                    self._notify()
                 if outcome == "capped":
                     return
                 await self._flush()
                 self.progress(pair, outcome, self.spent)
 
-        await asyncio.gather(*(lane() for _ in range(self.concurrency)))
+        lanes = [asyncio.ensure_future(lane()) for _ in range(self.concurrency)]
+        try:
+            await asyncio.gather(*lanes)
+        except BaseException:  # one lane's error (or the run's cancellation) ends every lane
+            for task in lanes:
+                task.cancel()
+            await asyncio.gather(*lanes, return_exceptions=True)
+            raise
         finished = sum(t.graded + t.errors + sum(t.skipped.values()) for t in self.tallies.values())
         return RunResult(
             tallies=self.tallies,
@@ -494,6 +727,7 @@ class Runner:
             left=len(self.plan.pending) - finished,
             unavailable=dict(self.dropped),
             blocked=self.blocked,
+            cap=self.cap,
         )
 
 
@@ -503,7 +737,92 @@ def answer_text(body: dict) -> str:
     content = (choices[0].get("message") or {}).get("content") if choices else None
     if isinstance(content, list):
         return "".join(str(part.get("text", "")) for part in content if isinstance(part, dict))
-    return content or ""
+    return content if isinstance(content, str) else ""
+
+
+def gradable(body: dict, text: str) -> bool:
+    """Whether an answer (HTTP 200) is one to grade. Not a body without choices (malformed: no answer
+    was given), nor an empty answer cut by max_tokens (the budget ran out before any text, as a
+    reasoning model's can: the probe's limit, not the worker's answer). An empty answer the worker
+    ended itself is its answer, graded (0): a base model that writes nothing to a question is wrong,
+    and a rerun would only ask again forever."""
+    choices = body.get("choices") or []
+    if not choices:
+        return False
+    return bool(text.strip()) or choices[0].get("finish_reason") != "length"
+
+
+def missing_answer(body: dict) -> str:
+    """Why an answer (HTTP 200) has no text to grade, for the ledger and the summary."""
+    choices = body.get("choices") or []
+    if not choices:
+        return "200 with no choices: no answer to grade"
+    finish = choices[0].get("finish_reason")
+    why = f" (finish_reason {finish}{': max_tokens ran out first' if finish == 'length' else ''})"
+    return "200 without answer text" + (why if finish else "") + ": nothing to grade"
+
+
+async def in_daemon_thread(fn: Callable[..., Any], *args: Any) -> Any:
+    """`fn(*args)` in a daemon thread of its own. Cancelling the caller (Ctrl-C, SIGTERM) returns at
+    once: neither the event loop's shutdown nor the interpreter's exit waits for the thread, as both
+    wait for asyncio.to_thread's executor (a code answer's test run may take its whole timeout). On
+    cancellation the code sandbox's children of this process are killed (:func:`stop_code_sandboxes`),
+    so the test run ends now instead of running on to its timeout."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future = loop.create_future()
+
+    def settle(value: Any, error: BaseException | None) -> None:
+        if not done.done():
+            if error is None:
+                done.set_result(value)
+            else:
+                done.set_exception(error)
+
+    def work() -> None:
+        value, error = None, None
+        try:
+            value = fn(*args)
+        except Exception as exc:
+            error = exc
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits for it any more
+            loop.call_soon_threadsafe(settle, value, error)
+
+    threading.Thread(target=work, name="calibration-grader", daemon=True).start()
+    try:
+        return await done
+    except asyncio.CancelledError:
+        stop_code_sandboxes()
+        raise
+
+
+# router/code_behaviour.py starts each sandbox child as `sys.executable -P -s -S -B -c <harness>`,
+# the leader of a process group (session) of its own.
+_SANDBOX_FLAGS = [b"-P", b"-s", b"-S", b"-B"]
+
+
+def stop_code_sandboxes() -> int:
+    """Kill the process group of every code sandbox child of this process; how many. Best effort,
+    Linux (/proc) only: elsewhere a child ends by its own timeout."""
+    me, killed = os.getpid(), 0
+    try:
+        entries = [e for e in os.listdir("/proc") if e.isdigit()]
+    except OSError:
+        return 0
+    for entry in entries:
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as stat_file:
+                stat = stat_file.read()
+            if int(stat[stat.rindex(b")") + 2 :].split()[1]) != me:  # "pid (comm) state ppid ..."
+                continue
+            with open(f"/proc/{entry}/cmdline", "rb") as cmdline_file:
+                argv = cmdline_file.read().split(b"\0")
+        except (OSError, ValueError, IndexError):
+            continue
+        if argv[1:5] == _SANDBOX_FLAGS:
+            with contextlib.suppress(OSError):
+                os.killpg(int(entry), signal.SIGKILL)
+                killed += 1
+    return killed
 
 
 async def run_calibration(
@@ -546,7 +865,7 @@ async def close_state(state: Any) -> None:
 # ---- fitting ----------------------------------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
 class FitResult:
-    status: str  # fitted | no_router | no_labels | failed
+    status: str  # fitted | unchanged | no_router | no_labels | failed
     message: str
     version: str | None = None
 
@@ -557,7 +876,8 @@ def calibration_labels(
     """(texts, turns, labels [texts × workers] with NaN where unlabelled, median completion tokens per
     worker) from the ledger's calibration grades of `workers`. A probe's text is its prompt (what
     the router reads: the one user message), or the query the ledger stored when the probe set no
-    longer has that probe."""
+    longer has that probe. An answer whose provider reported no usage (0 tokens) is left out of the
+    median."""
     import numpy as np
 
     column = {w: i for i, w in enumerate(workers)}
@@ -568,15 +888,15 @@ def calibration_labels(
     for (worker, probe_id), grade in sorted(graded.items()):
         if worker not in column:
             continue
-        probe = probe_set.get(probe_id)
-        text = probe.prompt if probe is not None else grade.query
+        text = _label_text(grade, probe_id, probe_set)
         if not text:
             continue
         if text not in rows:
             rows[text] = len(texts)
             texts.append(text)
         cells.append((rows[text], column[worker], grade.score))
-        tokens[worker].append(grade.completion_tokens)
+        if grade.completion_tokens > 0:
+            tokens[worker].append(grade.completion_tokens)
     labels = np.full((len(texts), len(workers)), np.nan)
     for row, col, score in cells:
         labels[row, col] = score
@@ -584,11 +904,36 @@ def calibration_labels(
     return texts, [1] * len(texts), labels, medians
 
 
+def _label_text(grade: Graded, probe_id: str, probe_set: ProbeSet) -> str | None:
+    probe = probe_set.get(probe_id)
+    return probe.prompt if probe is not None else grade.query
+
+
+def grade_fingerprints(
+    graded: dict[tuple[str, str], Graded], probe_set: ProbeSet, workers: list[str]
+) -> dict[str, dict[str, Any]]:
+    """Per worker, what its vector is fitted on: how many grades, and a digest of them (probe, text,
+    score, when graded). The fit writes it in the version's card; equal digests mean no grade
+    arrived since (a rerun with nothing new to send), and nothing is fitted again."""
+    out: dict[str, dict[str, Any]] = {}
+    for worker in workers:
+        items = sorted(
+            (probe_id, text, grade.score, grade.at)
+            for (name, probe_id), grade in graded.items()
+            if name == worker and (text := _label_text(grade, probe_id, probe_set))
+        )
+        digest = hashlib.sha256(json.dumps(items, ensure_ascii=False).encode()).hexdigest()[:16]
+        out[worker] = {"labels": len(items), "digest": digest}
+    return out
+
+
 def fit_workers(
     router_root: Path, records: Iterable[dict], probe_set: ProbeSet, workers: list[str]
 ) -> FitResult:
     """Fit `workers`' vectors on every calibration grade the ledger holds for them, on top of the
-    router in force, and put the result in force (a new version: `router rollback` undoes it)."""
+    router in force, and put the result in force (a new version: `router rollback` undoes it). When
+    the version in force was fitted on exactly these grades, nothing is fitted nor saved: it stays
+    in force (status "unchanged"), so reruns do not pile up identical versions."""
     import numpy as np
 
     from router import RouterLoadError, feature_builder_for, load_current, save_artifact
@@ -619,8 +964,20 @@ def fit_workers(
             "the workers' vectors on; the grades are in the ledger (`polyroute router train "
             "--from-ledger` uses them, and a rerun of this command fits them once a router is in force)",
         )
+    fingerprints = grade_fingerprints(graded, probe_set, fitted)
+    known = ((artifact.card or {}).get(CALIBRATION) or {}).get("grades") or {}
+    if all(known.get(w) == fingerprints[w] for w in fitted) and set(fitted) <= set(artifact.workers):
+        return FitResult(
+            "unchanged",
+            f"nothing new: version {artifact.version} stays in force (no grade since it fitted "
+            f"{', '.join(fitted)} on {sum(f['labels'] for f in fingerprints.values())} grades)",
+            artifact.version,
+        )
     columns = [workers.index(w) for w in fitted]
-    output_tokens = {w: medians[w] for w in fitted if w in medians and w not in artifact.output_tokens}
+    # The base model's own workers keep the output length it learnt from its (larger) data; every
+    # other worker's figure is its calibration median, updated by each fit.
+    base_workers = set(getattr(artifact.model, "base_workers", artifact.workers))
+    output_tokens = {w: medians[w] for w in fitted if w in medians and w not in base_workers}
     try:
         features = feature_builder_for(artifact.features)
         new = onboard_artifact(
@@ -638,6 +995,8 @@ def fit_workers(
             "probes": len(texts),
             "labels": int(np.sum(~np.isnan(labels[:, columns]))),
             "on_top_of": artifact.version,
+            # per worker in force with a calibrated vector: the grades it was fitted on
+            "grades": {**known, **fingerprints},
         },
     }
     directory = save_artifact(router_root, new, activate=True)

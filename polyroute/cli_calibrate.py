@@ -3,14 +3,17 @@
 Reads the settings a gateway would (POLYROUTE_*, REDIS_URL), prints the plan and its estimated cost,
 then (unless --dry-run) runs it with a progress bar showing the spend, and fits what was graded.
 Exit codes: 0 done (or stopped at the cap: rerun to resume), 1 some calls failed (rerun retries
-them), 2 bad input or a state the run cannot start from.
+them), 2 bad input or a state the run cannot start from, 130 stopped by Ctrl-C and 143 by SIGTERM
+(the calls in flight are recorded as stopped; rerun to resume).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
+import signal
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Annotated
@@ -53,6 +56,21 @@ def _records(settings) -> list[dict]:
         raise
 
 
+def _spent(spent: Decimal, cap: Decimal) -> str:
+    """The progress bar's spend: red and said when the run has passed its cap."""
+    if spent > cap:
+        return f"[bold red]{_usd(spent)} (over the cap)[/]"
+    return _usd(spent)
+
+
+def _excluded(plan) -> str:
+    return "; ".join(
+        f"{worker}: {n} pairs by rule {rule} ({plan.reasons[rule]})"
+        for worker, rules in plan.excluded.items()
+        for rule, n in rules.items()
+    )
+
+
 def _print_plan(plan, cap: Decimal, seed: int) -> Decimal:
     from polyroute.calibrate import estimate
 
@@ -67,6 +85,8 @@ def _print_plan(plan, cap: Decimal, seed: int) -> Decimal:
         console.print(f"[yellow]skipping {name}[/]: {reason}")
     if plan.done:
         console.print(f"resuming: {plan.done} (worker, probe) pairs were graded by an earlier run")
+    if plan.excluded:
+        console.print(f"[yellow]excluded by the policy, not sent[/]: {_excluded(plan)}")
     table = Table("worker", "calls", "estimated", "at most (max_tokens)", title="estimated cost")
     expected_total = worst_total = Decimal(0)
     for row in estimate(plan):
@@ -79,6 +99,29 @@ def _print_plan(plan, cap: Decimal, seed: int) -> Decimal:
         f"cost cap {_usd(cap)}" + (": the run may stop there (rerun to resume)" if worst_total > cap else "")
     )
     return expected_total
+
+
+async def _stoppable(run, stopped: list[str]):
+    """`run`, cancelled by SIGTERM as asyncio.run cancels it on Ctrl-C: each call in flight is then
+    recorded as stopped and the ledger written out. SIGTERM is what `timeout`, systemd and Kubernetes
+    send; its default ends the process at once, and the calls in flight, sent and maybe billed, were
+    lost. A second SIGTERM ends the process at once."""
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+    assert task is not None
+
+    def stop() -> None:
+        stopped.append("SIGTERM")
+        loop.remove_signal_handler(signal.SIGTERM)
+        task.cancel()
+
+    with contextlib.suppress(NotImplementedError):  # no such handlers on Windows' event loop
+        loop.add_signal_handler(signal.SIGTERM, stop)
+    try:
+        return await run
+    finally:
+        with contextlib.suppress(NotImplementedError):
+            loop.remove_signal_handler(signal.SIGTERM)
 
 
 def _quiet_logs() -> None:
@@ -102,6 +145,11 @@ def _print_result(result, plan) -> None:
     for worker in plan.workers:
         tally = result.tallies[worker.name]
         skipped = ", ".join(f"{n} ({rule}: {tally.reasons[rule]})" for rule, n in tally.skipped.items())
+        skipped = ", ".join(
+            filter(
+                None, [skipped, *(f"{n} ({rule})" for rule, n in plan.excluded.get(worker.name, {}).items())]
+            )
+        )
         table.add_row(
             worker.name,
             str(tally.graded),
@@ -111,6 +159,12 @@ def _print_result(result, plan) -> None:
             _usd(tally.spent),
         )
     console.print(table)
+    for name, tally in result.tallies.items():
+        if tally.no_usage:
+            console.print(
+                f"[yellow]{name} reported no token usage for {tally.no_usage} answers[/]: each is booked at "
+                f"its hold, the most it could cost ({_usd(tally.booked)} in all); the provider's bill may differ"
+            )
     for name, reason in result.unavailable.items():
         console.print(f"[yellow]{name} was not called[/]: {reason}")
     for name, tally in result.tallies.items():
@@ -156,6 +210,7 @@ def calibrate_command(
         fit_workers,
         make_plan,
         parse_worker_names,
+        planning_policy,
         run_calibration,
     )
     from router.probes import ProbeError, load_probes
@@ -181,6 +236,8 @@ def calibrate_command(
             parse_worker_names(workers),
             _records(settings),
             settings.local_workers,
+            planning_policy(settings, catalog),
+            tenant,
         )
     except (CatalogError, ProbeError, CalibrationError, ValueError) as exc:
         raise _fail(str(exc)) from None
@@ -206,16 +263,29 @@ def calibrate_command(
             task = bar.add_task("calibrate", total=len(plan.pending), spent=_usd(Decimal(0)), cap=_usd(cap))
 
             def progress(pair, outcome, spent) -> None:
-                bar.update(task, advance=1, spent=_usd(spent))
+                bar.update(task, advance=1, spent=_spent(spent, cap))
 
+            stopped: list[str] = []
             try:
                 result = asyncio.run(
-                    run_calibration(
-                        settings, catalog, plan, cap, tenant, concurrency, progress, bar.console.print
+                    _stoppable(
+                        run_calibration(
+                            settings, catalog, plan, cap, tenant, concurrency, progress, bar.console.print
+                        ),
+                        stopped,
                     )
                 )
             except CalibrationError as exc:
                 raise _fail(str(exc)) from None
+            except (KeyboardInterrupt, asyncio.CancelledError):
+                by = "SIGTERM" if stopped else "Ctrl-C"
+                bar.stop()
+                console.print(
+                    f"[yellow]stopped by {by}[/]: the graded answers are in the ledger; each call left in "
+                    "flight is recorded as stopped (status 499, with the most it may cost) and an answer "
+                    "being graded as paid but not graded; run the same command again to resume"
+                )
+                raise typer.Exit(143 if stopped else 130) from None
         _print_result(result, plan)
         if result.capped:
             console.print(
@@ -231,8 +301,15 @@ def calibrate_command(
         else:
             left = f"; {result.left} calls left for a rerun" if result.left else ""
             console.print(f"done: {_usd(result.spent)} spent{left}")
+        if result.over_cap:
+            console.print(
+                f"[bold red]warning: this run spent {_usd(result.spent)}, more than its cap of {_usd(cap)}[/]: "
+                "answers were billed more than their holds allowed for (see the spent column: a "
+                "provider that bills more tokens than predicted, or more output than max_tokens)"
+            )
     else:
-        console.print(f"nothing to send: all {plan.done} (worker, probe) pairs are graded")
+        excluded = f", {plan.excluded_pairs} excluded by the policy" if plan.excluded else ""
+        console.print(f"nothing to send: {plan.done} (worker, probe) pairs are graded{excluded}")
         if settings.router_prior:  # the calls above built the gateway's state, which installs it
             from router.shipped import try_install_shipped_prior
 
@@ -241,7 +318,7 @@ def calibrate_command(
                 console.print(f"[yellow]{prior_error}[/]")
     with console.status("fitting the workers' vectors …"):
         fit = fit_workers(root, _records(settings), probe_set, [w.name for w in plan.workers])
-    colour = {"fitted": "green", "no_labels": "yellow", "no_router": "yellow"}
+    colour = {"fitted": "green", "unchanged": "green", "no_labels": "yellow", "no_router": "yellow"}
     console.print(f"[{colour.get(fit.status, 'red')}]{fit.message}[/]")
     if (result is not None and result.errors) or fit.status == "failed":
         raise typer.Exit(1)

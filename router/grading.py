@@ -4,10 +4,10 @@ One grader per answer type (router/probes), each reading answers the way workers
 
 | type   | reads                                                         | score                        |
 |--------|---------------------------------------------------------------|------------------------------|
-| choice | the chosen letter ("C", "(C)", "The answer is C", "**C**", `\\boxed{C}`) | 1 if it is the gold letter |
-| number | `\\boxed{..}`, else after "Answer:"/"####"/"answer is", else the last number; fractions too | 1 if equal within `rel_tol` |
+| choice | the chosen letter ("C", "(C)", "The answer is C", "**C**", `\\boxed{C}`, a closing line "**C) Jupiter**") | 1 if it is the gold letter |
+| number | `\\boxed{..}`, else after "Answer:"/"**Answer**:"/"####"/"answer is", else the last number; fractions, `1\\,234` too | 1 if equal within `rel_tol` |
 | match  | the answer, SQuAD-normalised (case, punctuation, articles)    | 1 if an accepted answer appears in it, else token F1 (`partial: f1`) or 0 |
-| code   | the answer's Python (fenced block, or the whole answer)       | 1 if every test passes, else 0 |
+| code   | the answer's Python (its fenced blocks joined, or the whole answer) | 1 if every test passes, else 0 |
 
 Code runs in router/code_behaviour.py's sandbox: a separate `python -P -s -S -B` interpreter (stdlib
 only, no site or user paths, not the current directory) with a clean environment (PATH and
@@ -20,11 +20,16 @@ boundary against a determined answer (see that module).
 
 Pure functions; reading an answer never raises (a grader that cannot read an answer scores it 0
 and says so in `detail`). Shared readers (choice letters, span normalisation, Python extraction)
-come from router/answers.py, so a letter is read the same way here and in the cascade.
+come from router/answers.py, so a letter is read the same way here and in the cascade. What only a
+grader reads is here, on top of them: a closing option line ("**C) Jupiter**" after the reasoning)
+and code split over several fenced blocks (an import or a helper, then the function). They stay
+out of router/answers.py on purpose: its readers also serve the live planner and the offline
+evaluation, whose published figures and code-run cache depend on them as they are.
 """
 
 from __future__ import annotations
 
+import ast
 import math
 import re
 from collections import Counter
@@ -32,7 +37,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from router.answers import choice_key, last_boxed, python_source, span_key
+from router.answers import FENCE, choice_key, last_boxed, parse_python, python_source, span_key
 from router.code_behaviour import run_behaviour
 
 if TYPE_CHECKING:
@@ -52,17 +57,33 @@ class Grade:
 # ---- choice -----------------------------------------------------------------------------------------
 _MARKDOWN = re.compile(r"[*_`]+")
 _BRACKETED = re.compile(r"[\(\[]([A-J])[\)\]]")
+_OPTION_LINE = re.compile(r"[\(\[]?([A-J])\)")  # a line that starts "C)" or "(C)": an option as listed
+_OPTION_NAMED = re.compile(r"(?<![A-Za-z0-9])[\(\[]?([A-J])\)")
+
+
+def _closing_option(plain: str, letters: str) -> str | None:
+    """The letter of the answer's last line when that line starts with an option letter and a
+    closing paren ("The largest planet is Jupiter.\n\nC) Jupiter"), names no other option ("(A) or
+    (B)") and the line before it is no option line (a listing of the options chooses none)."""
+    lines = [line.strip() for line in plain.splitlines() if line.strip()]
+    if not lines or (found := _OPTION_LINE.match(lines[-1])) is None or found.group(1) not in letters:
+        return None
+    if {m.group(1) for m in _OPTION_NAMED.finditer(lines[-1])} != {found.group(1)}:
+        return None
+    if len(lines) > 1 and _OPTION_LINE.match(lines[-2]):
+        return None
+    return found.group(1)
 
 
 def chosen_letter(answer: str, letters: str) -> str | None:
     """The option chosen: router.answers.choice_key on the answer without markdown emphasis
-    ("The answer is: **C**", "**Final Answer** \\boxed{C}"), else the one offered letter the answer
-    names in brackets ("I'd pick (C) iron", "The answer is a drought (C)"); None when it names none or
-    several ("A or B")."""
+    ("The answer is: **C**", "**Final Answer** \\boxed{C}"), else a closing option line ("… so it
+    is Jupiter.\n\n**C) Jupiter**"), else the one offered letter the answer names in brackets ("I'd
+    pick (C) iron", "The answer is a drought (C)"); None when it names none or several ("A or B")."""
     plain = _MARKDOWN.sub("", answer or "").replace("is:", "is")
     if len(plain.strip(" .\n")) == 1 and plain.strip(" .\n").upper() in letters:
         return plain.strip(" .\n").upper()  # a lone letter, even lower case
-    chosen = choice_key(plain, letters)
+    chosen = choice_key(plain, letters) or _closing_option(plain, letters)
     if chosen is not None:
         return chosen
     named = {m.group(1) for m in _BRACKETED.finditer(plain) if m.group(1) in letters}
@@ -90,7 +111,12 @@ _TOKEN = re.compile(
     r"|-?\d[\d,]*(?:\.\d+)?(?:\s*/\s*\d+(?:\.\d+)?)?"
     r"|-?\.\d+"
 )
-_MARKER = re.compile(r"answer\s*(?:is|:)|####", re.IGNORECASE)
+# "Answer:", "answer is", "**Answer**: 7", "__Answer__: 7", "Answer — 7", "####": markdown emphasis may
+# close between the word and its colon.
+_MARKER = re.compile(r"(?<![a-z])answer[*_]*\s*(?:is\b|[:\u2014\u2013])|####", re.IGNORECASE)
+# A thousands separator inside a number: LaTeX's thin and other spaces (1\,234, 1\;234, 1\ 234, 1~234)
+# and the Unicode thin, narrow no-break and no-break spaces (SI style): otherwise 1 and 234 are read.
+_GROUP_SPACE = re.compile(r"(?<=\d)(?:\\[,;: !]|~|[\u2009\u202f\u00a0])(?=\d{3}(?!\d))")
 
 
 def parse_number(text: str) -> float | None:
@@ -117,14 +143,16 @@ def parse_number(text: str) -> float | None:
 
 
 def _plain_signs(text: str) -> str:
-    """LaTeX's thousands separator `{,}` (MATH writes 10{,}000) as a comma and the Unicode minus
-    (U+2212) as "-": otherwise a reader sees "000" or "5"."""
-    return text.replace("{,}", ",").replace("\u2212", "-")
+    """LaTeX's thousands separator `{,}` (MATH writes 10{,}000) as a comma, a space between digit
+    groups (`1\\,234`, U+202F) dropped, and the Unicode minus (U+2212) as "-": otherwise a reader sees
+    "000", "1" or "5"."""
+    return _GROUP_SPACE.sub("", text.replace("{,}", ",").replace("\u2212", "-"))
 
 
 def final_number(answer: str) -> tuple[str | None, float | None]:
     """The answer's final number as written and its value: a `\\boxed{}` that holds a number, else the
-    first number after the last "Answer:"/"answer is"/"####", else the last number in the answer."""
+    first number after the last "Answer:"/"**Answer**:"/"answer is"/"####", else the last number in
+    the answer."""
     answer = _plain_signs(answer)
     boxed = last_boxed(answer)
     if boxed is not None and (value := parse_number(boxed)) is not None:
@@ -183,6 +211,24 @@ def grade_match(answer: str, golds: Sequence[str], partial: str | None = "f1") -
 
 
 # ---- code -------------------------------------------------------------------------------------------
+def graded_source(answer: str) -> str | None:
+    """The Python a code answer is graded on: its fenced Python blocks that parse, joined in order,
+    when they define a function or class (an import or a helper in one block, the function in the
+    next: "```python\\nimport math\\n```" then "```python\\ndef f(x): ...```"), else
+    router.answers.python_source (the first block with a function, a [PYTHON] block, or the whole
+    answer). The test run executes the program statement by statement, so a usage block joined in
+    (a print, an input()) hides no function. Grading only: the planner's and the offline
+    evaluation's readers stay router.answers.python_source."""
+    blocks = [block.strip("\n") for block in FENCE.findall(answer)]
+    parsed = [block for block in blocks if parse_python(block) is not None]
+    if len(parsed) > 1:
+        joined = "\n\n".join(parsed)
+        tree = parse_python(joined)
+        if tree is not None and any(isinstance(node, ast.FunctionDef | ast.ClassDef) for node in tree.body):
+            return joined
+    return python_source(answer)
+
+
 def grade_code(
     answer: str,
     tests: Sequence[str],
@@ -194,7 +240,7 @@ def grade_code(
     """Run the answer's Python, after `setup` (a stub's imports and helpers), against `tests` (single
     asserts; each calls the task's function, which is bound to the answer's main function). Blocking:
     call it from a thread in async code."""
-    source = python_source(answer or "")
+    source = graded_source(answer or "")
     if source is None:
         return Grade(0.0, None, "no Python function found in the answer")
     program = f"{setup.rstrip()}\n\n{source}" if setup else source
