@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from router.artifacts import RouterArtifact
+from router.features import query_text, text_rule_of
 from router.quality import PROB_EPS, _as_features, _logit, _sigmoid
 
 # Chosen on our validation splits of the RouterBench and LLMRouter training files (README, "Onboarding").
@@ -213,7 +214,9 @@ def onboard_artifact(
             model.set_worker(name, previous.coef_[i], float(previous.intercept_[i]), previous.probes_[name])
     else:
         model = OnboardedQuality(previous, artifact.workers)
-    X = features.transform(list(texts), list(turns))
+    # the probes are read as the router reads a query live: under the card's text rule
+    rule = text_rule_of(artifact.features or {})
+    X = features.transform([query_text(t, rule) for t in texts], list(turns))
     _, Z = model.representation(X)
     for j, name in enumerate(workers):
         rows = ~np.isnan(labels[:, j])

@@ -292,6 +292,27 @@ def test_the_live_router_reads_the_question_a_routerbench_model_was_trained_on(t
         assert router.route(request, tuple(_pool())).workers[0].name == expected
 
 
+def test_probes_are_read_under_the_cards_text_rule_when_a_worker_is_onboarded(trained, data):
+    """router/onboard.py featurises probes as the router reads a query live: a worker onboarded on
+    the whole few-shot messages gets the vector it gets from their questions alone."""
+    from router.offline.routerbench import load_routerbench
+    from router.onboard import onboard_artifact
+
+    test = load_routerbench([data["test"]])
+    messages = [row["message"] for row in data["test_rows"]]
+    labels = np.array([[float(i % 3 == 0)] for i in range(len(messages))])
+    features = learned(trained).features
+    turns = [1] * len(messages)
+    whole = onboard_artifact(trained, features, messages, turns, labels, ["newcomer"])
+    focused = onboard_artifact(trained, features, test.texts, turns, labels, ["newcomer"])
+    for model in (whole.model, focused.model):
+        assert "newcomer" in model.names
+    np.testing.assert_allclose(
+        whole.model.coef_[whole.model.names.index("newcomer")],
+        focused.model.coef_[focused.model.names.index("newcomer")],
+    )
+
+
 def test_whole_text_models_and_older_cards_read_the_whole_message(tmp_path):
     from router import load_version, train_artifact
     from router.features import combined_text_rule
