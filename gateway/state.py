@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -111,8 +110,10 @@ POLICY_AUDIT = "policy-audit.jsonl"
 LEDGER_FILE = "ledger.jsonl"
 
 
-def policy_path(settings: Settings) -> Path:
-    """The operator's policy file; on a true first start the embedded default is copied there to edit.
+def policy_path(settings: Settings, seed: bool = True) -> Path:
+    """The operator's policy file; on a true first start the embedded default is copied there to edit
+    (``seed`` False: nothing is written and the embedded default's path is returned, for a reader
+    that must not change the data dir, such as calibrate's dry run).
 
     Only on a first start: a data dir that has served before (it holds the policy audit log, where
     seeding the default is the first entry, or a ledger) and has lost its policy file refuses to start.
@@ -134,8 +135,10 @@ def policy_path(settings: Settings) -> Path:
         )
         log.error(message)
         raise PolicyError(message)
+    if not seed:
+        return DEFAULT_POLICY_PATH
     text = DEFAULT_POLICY_PATH.read_text(encoding="utf-8")
-    shutil.copyfile(DEFAULT_POLICY_PATH, path)
+    path.write_text(text, encoding="utf-8")
     _, version = parse_policy(text, str(DEFAULT_POLICY_PATH))
     AuditLog(data_dir / POLICY_AUDIT).append("startup", "seeded", "", text, None, version)
     log.info("wrote the default policy to %s; edit it (hot-reloaded) or PUT /admin/policies", path)

@@ -48,9 +48,7 @@ import contextlib
 import hashlib
 import json
 import math
-import os
 import secrets
-import signal
 import statistics
 import threading
 import time
@@ -73,6 +71,7 @@ from policies import (
     estimate_tokens,
     predicted_cost,
 )
+from router.code_behaviour import kill_running
 from router.probes import Probe, ProbeSet
 
 CALIBRATION = "calibration"  # the ledger's strategy and feedback source, and the default tenant
@@ -210,17 +209,11 @@ def planning_policy(settings: Any, catalog: Catalog) -> PolicyEngine:
     anything (a dry run sends and writes nothing): the policy file in force, or on a data dir that
     never served the shipped default (which the run's first start copies there). A data dir that
     served and lost its policy file is refused, as the gateway refuses it."""
-    from gateway.state import LEDGER_FILE, POLICY_AUDIT, catalog_check, policy_path
-    from policies import DEFAULT_POLICY_PATH, PolicyError, PolicySource
+    from gateway.state import catalog_check, policy_path
+    from policies import PolicyError, PolicySource
 
-    data_dir = Path(settings.data_dir)
-    fresh = (
-        settings.policy_file is None
-        and not (data_dir / "policy.yaml").exists()
-        and not any((data_dir / name).exists() for name in (POLICY_AUDIT, LEDGER_FILE))
-    )
     try:
-        path = DEFAULT_POLICY_PATH if fresh else policy_path(settings)
+        path = policy_path(settings, seed=False)
     except PolicyError as exc:
         raise CalibrationError(str(exc)) from None
     source = PolicySource(path, None, catalog_check(catalog))
@@ -766,7 +759,7 @@ async def in_daemon_thread(fn: Callable[..., Any], *args: Any) -> Any:
     """`fn(*args)` in a daemon thread of its own. Cancelling the caller (Ctrl-C, SIGTERM) returns at
     once: neither the event loop's shutdown nor the interpreter's exit waits for the thread, as both
     wait for asyncio.to_thread's executor (a code answer's test run may take its whole timeout). On
-    cancellation the code sandbox's children of this process are killed (:func:`stop_code_sandboxes`),
+    cancellation the code sandbox's children of this process are killed (code_behaviour.kill_running),
     so the test run ends now instead of running on to its timeout."""
     loop = asyncio.get_running_loop()
     done: asyncio.Future = loop.create_future()
@@ -791,38 +784,8 @@ async def in_daemon_thread(fn: Callable[..., Any], *args: Any) -> Any:
     try:
         return await done
     except asyncio.CancelledError:
-        stop_code_sandboxes()
+        kill_running()
         raise
-
-
-# router/code_behaviour.py starts each sandbox child as `sys.executable -P -s -S -B -c <harness>`,
-# the leader of a process group (session) of its own.
-_SANDBOX_FLAGS = [b"-P", b"-s", b"-S", b"-B"]
-
-
-def stop_code_sandboxes() -> int:
-    """Kill the process group of every code sandbox child of this process; how many. Best effort,
-    Linux (/proc) only: elsewhere a child ends by its own timeout."""
-    me, killed = os.getpid(), 0
-    try:
-        entries = [e for e in os.listdir("/proc") if e.isdigit()]
-    except OSError:
-        return 0
-    for entry in entries:
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as stat_file:
-                stat = stat_file.read()
-            if int(stat[stat.rindex(b")") + 2 :].split()[1]) != me:  # "pid (comm) state ppid ..."
-                continue
-            with open(f"/proc/{entry}/cmdline", "rb") as cmdline_file:
-                argv = cmdline_file.read().split(b"\0")
-        except (OSError, ValueError, IndexError):
-            continue
-        if argv[1:5] == _SANDBOX_FLAGS:
-            with contextlib.suppress(OSError):
-                os.killpg(int(entry), signal.SIGKILL)
-                killed += 1
-    return killed
 
 
 async def run_calibration(
