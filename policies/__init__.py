@@ -18,7 +18,7 @@ from policies.catalog import (
 )
 from policies.catalog_check import catalog_problems, check_against_catalog
 from policies.catalog_file import CatalogFile
-from policies.cost import estimate_tokens, predicted_cost
+from policies.cost import BilledRate, estimate_tokens, predicted_cost
 from policies.engine import Classification, PolicyEngine, PolicyRequest, PolicyRequestError, Spend
 from policies.loader import DEFAULT_POLICY_PATH, AuditLog, PolicyNotWritable, PolicySource, compile_policy
 from policies.schema import Policy, PolicyError, Rule, parse_policy
@@ -27,6 +27,7 @@ __all__ = [
     "DEFAULT_CATALOG_PATH",
     "DEFAULT_POLICY_PATH",
     "AuditLog",
+    "BilledRate",
     "Classification",
     "Policy",
     "PolicyEngine",

@@ -14,6 +14,7 @@ costs more than predicted, and only the provider's reported usage, after the cal
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 from decimal import Decimal
 
 from policies.catalog import Worker
@@ -42,3 +43,26 @@ def estimate_tokens(prompt_chars: int, max_output_tokens: int | None) -> tuple[i
 
 def predicted_cost(worker: Worker, prompt_chars: int, max_output_tokens: int | None) -> Decimal:
     return worker.cost_usd(*estimate_tokens(prompt_chars, max_output_tokens))
+
+
+@dataclass(slots=True)
+class BilledRate:
+    """Prompt tokens billed per unit predicted, summed over answered calls: the one rate by which a
+    workflow (router/compose/base.py, per character) and a calibration run (polyroute/calibrate.py,
+    per predicted token) raise later predictions once a provider has reported usage. Summed, so a
+    long prompt weighs more than a short one, whose chat template tokens inflate its own ratio."""
+
+    billed: int = 0  # prompt tokens billed
+    units: int = 0  # what had been predicted for them (characters or tokens, as the caller counts)
+
+    def observe(self, units: int, billed: int) -> None:
+        if units > 0 and billed > 0:
+            self.billed += billed
+            self.units += units
+
+    def raised(self, units: int, floor: int) -> int:
+        """Tokens for `units` at this rate (rounded up), never below `floor` (the prediction): a
+        provider that bills less does not lower a bound; `floor` until anything was observed."""
+        if not self.units:
+            return floor
+        return max(floor, -(-units * self.billed // self.units))

@@ -61,6 +61,7 @@ from pathlib import Path
 from typing import Any
 
 from policies import (
+    BilledRate,
     Catalog,
     Kind,
     PolicyEngine,
@@ -367,28 +368,24 @@ class RunResult:
 class Rate:
     """What one worker's answered calls were billed against their predictions. Its later calls are
     held at their predictions scaled by it: prompt tokens by the billed/predicted ratio of all its
-    answered prompts together (a long prompt weighs more than a short one, whose chat template
-    tokens inflate its ratio), output tokens by the most it billed per max_tokens allowed. Never
-    below the prediction: a worker that bills less does not lower a bound."""
+    answered prompts together (policies.cost.BilledRate, as a workflow's later steps are), output
+    tokens by the most it billed per max_tokens allowed. Never below the prediction: a worker that
+    bills less does not lower a bound."""
 
-    billed: int = 0  # prompt tokens billed, summed over its answered calls
-    predicted: int = 0  # prompt tokens predicted for them
+    prompt: BilledRate = field(default_factory=BilledRate)
     output: float = 1.0  # the most output tokens billed per output token allowed (at least 1)
 
     @property
     def observed(self) -> bool:
-        return bool(self.predicted) or self.output > 1.0
+        return bool(self.prompt.units) or self.output > 1.0
 
     def observe(self, predicted: int, billed: int, budget: int | None, completion: int) -> None:
-        if predicted > 0 and billed > 0:
-            self.billed += billed
-            self.predicted += predicted
+        self.prompt.observe(predicted, billed)
         if budget and completion > 0:
             self.output = max(self.output, completion / budget)
 
     def scale(self, prompt_tokens: int, output_tokens: int) -> tuple[int, int]:
-        if self.predicted:
-            prompt_tokens = max(prompt_tokens, -(-prompt_tokens * self.billed // self.predicted))
+        prompt_tokens = self.prompt.raised(prompt_tokens, prompt_tokens)
         return prompt_tokens, max(output_tokens, math.ceil(output_tokens * self.output))
 
 

@@ -26,7 +26,7 @@ from decimal import Decimal
 from typing import Any, Protocol
 
 from policies import Worker
-from policies.cost import DEFAULT_EXPECTED_OUTPUT_TOKENS, estimate_tokens, token_chars
+from policies.cost import DEFAULT_EXPECTED_OUTPUT_TOKENS, BilledRate, estimate_tokens, token_chars
 
 # Output tokens assumed at most for a worker whose output limit is unknown (no max_output_tokens in the
 # catalog, a model litellm's map does not list), when the ceiling would allow more than this: no
@@ -164,7 +164,7 @@ class Run:
     _reserved: Decimal = Decimal(0)  # predicted cost of steps in flight (parallel members)
     # prompt tokens billed and chars() sent, per worker and ("" key) for the whole run: the rate that
     # predicts later steps' prompts once steps have reported usage
-    _billed: dict[str, tuple[int, int]] = field(default_factory=dict)
+    _billed: dict[str, BilledRate] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self._names = {w.name for w in self.pool}
@@ -222,10 +222,8 @@ class Run:
         that came out lower (a worker that reports few tokens) does not lower a bound."""
         size = chars(messages)
         estimate, _ = estimate_tokens(size, None)
-        tokens, billed_chars = self._billed.get(worker.name) or self._billed.get("", (0, 0))
-        if not tokens or not billed_chars:
-            return estimate
-        return max(estimate, -(-size * tokens // billed_chars))  # rounded up
+        rate = self._billed.get(worker.name) or self._billed.get("") or BilledRate()
+        return rate.raised(size, estimate)
 
     def _observe(self, worker: Worker, messages: Sequence[dict[str, Any]], prompt_tokens: int) -> None:
         """An answered step's billed prompt tokens, for :meth:`prompt_tokens`."""
@@ -233,8 +231,7 @@ class Run:
         if prompt_tokens <= 0 or size < MIN_OBSERVED_CHARS:
             return
         for key in (worker.name, ""):
-            tokens, billed_chars = self._billed.get(key, (0, 0))
-            self._billed[key] = (tokens + prompt_tokens, billed_chars + size)
+            self._billed.setdefault(key, BilledRate()).observe(size, prompt_tokens)
 
     def room(self) -> Decimal:
         """What is left of the ceiling for steps not yet started."""
