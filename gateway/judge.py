@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
-from gateway.ledger import STORABLE_CLASSES, FeedbackRecord
+from gateway.ledger import STORABLE_CLASSES, UNSCORED_JUDGE, FeedbackRecord
 from gateway.schemas import ChatCompletionRequest
 from gateway.store import BudgetExceeded, Limits, StoreReplyError, StoreUnavailable, to_micros
 from gateway.upstream import WorkerError
@@ -236,8 +236,6 @@ class Judge:
         state.metrics.judge_cost.labels(job.tenant).inc(float(completion.cost_usd))
         score = parse_score(completion_text(completion.body))
         if score is None:  # paid all the same: its cost goes to the ledger, as a record that is no label
-            from gateway.ledger import UNSCORED_JUDGE
-
             state.ledger.record_feedback(
                 FeedbackRecord(
                     job.request_id,
