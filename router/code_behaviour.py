@@ -799,11 +799,13 @@ def _converse(
             except OSError as exc:
                 _warn_once(f"cannot give uid {SANDBOX_UID} its working directory: {exc}")
                 return None
-        try:
-            proc = subprocess.Popen(command, cwd=cwd, **_SPAWN)
-        except OSError:
-            return None
+        # started and registered under the lock: a kill_running that comes while the child is being
+        # forked waits for its pid, instead of missing a child that exists but is not registered yet
         with _RUNNING_LOCK:
+            try:
+                proc = subprocess.Popen(command, cwd=cwd, **_SPAWN)
+            except OSError:
+                return None
             _RUNNING.add(proc.pid)
         try:
             sent = _exchange(proc, message, timeout_s)
