@@ -114,6 +114,7 @@ class Composition:
     log_odds: tuple[float, ...] = ()
     costs: tuple[float, ...] = ()
     latency_weight: float = 0.0
+    question_rule: str = "whole"  # the part of the question the plan reads (the router's text rule)
     requested: str | None = None  # the workflow asked for (or chosen) when it was degraded to fast mode
     auto: bool = False  # chosen by `auto` (the router), not asked for by the client's compose:<workflow>
     # a workflow that ran and produced no answer before fast mode answered: its steps (trace form)
@@ -192,6 +193,7 @@ async def _planned(
         tuple(logit(e.quality) for e in ordered),
         tuple(float(e.cost_usd) for e in ordered),
         latency_weight,
+        question_rule=getattr(router, "text_rule", "whole"),
     )
 
 
@@ -476,6 +478,7 @@ def workflow_for(state, composition: Composition, chat: ChatCompletionRequest):
             composition.latency_weight,
             code_keys=_code_keys(settings),
             text_keys=_text_keys(settings),
+            question_rule=composition.question_rule,
         )
     if composition.workflow == "cascade":
         return Cascade(_verifier(state, composition.pool, chat), depth=settings.compose_depth)

@@ -5,8 +5,8 @@ One grader per answer type (router/probes), each reading answers the way workers
 | type   | reads                                                         | score                        |
 |--------|---------------------------------------------------------------|------------------------------|
 | choice | the chosen letter ("C", "(C)", "The answer is C", "**C**", `\\boxed{C}`, a closing line "**C) Jupiter**") | 1 if it is the gold letter |
-| number | `\\boxed{..}`, else after "Answer:"/"**Answer**:"/"####"/"answer is", else the last number; fractions, `1\\,234` too | 1 if equal within `rel_tol` |
-| match  | the answer, SQuAD-normalised (case, punctuation, articles)    | 1 if an accepted answer appears in it, else token F1 (`partial: f1`) or 0 |
+| number | `\\boxed{..}`, else after "Answer:"/"**Answer**:"/"####"/"answer is", else the last number; fractions, `1\\,234` too, and `1 234` after a marker | 1 if equal within `rel_tol` |
+| match  | the answer, SQuAD-normalised (case, punctuation, articles, accents) | 1 if an accepted answer appears in it, else token F1 (`partial: f1`) or 0 |
 | code   | the answer's Python (its fenced blocks joined, or the whole answer) | 1 if every test passes, else 0 |
 
 Code runs in router/code_behaviour.py's sandbox: a separate `python -P -s -S -B` interpreter (stdlib
@@ -32,6 +32,7 @@ from __future__ import annotations
 import ast
 import math
 import re
+import unicodedata
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -75,12 +76,27 @@ def _closing_option(plain: str, letters: str) -> str | None:
     return found.group(1)
 
 
+_BARE_OPTION = re.compile(r"(?<![A-Za-z0-9(\[])([A-J])\)")  # "C)" as options are listed, not "(C)"
+
+
+def _walks_through_options(plain: str, letters: str) -> bool:
+    """The answer goes through the options in order ("A) Mars is rocky. B) Venus is hot. C) Jupiter
+    is the largest."): the first options, up to three, are named as listed, in order. Its leading "A)"
+    is where the listing starts, not a choice."""
+    named = list(dict.fromkeys(m.group(1) for m in _BARE_OPTION.finditer(plain)))
+    first = letters[: min(3, len(letters))]
+    return len(first) >= 2 and "".join(named[: len(first)]) == first
+
+
 def chosen_letter(answer: str, letters: str) -> str | None:
     """The option chosen: router.answers.choice_key on the answer without markdown emphasis
     ("The answer is: **C**", "**Final Answer** \\boxed{C}"), else a closing option line ("… so it
     is Jupiter.\n\n**C) Jupiter**"), else the one offered letter the answer names in brackets ("I'd
-    pick (C) iron", "The answer is a drought (C)"); None when it names none or several ("A or B")."""
+    pick (C) iron", "The answer is a drought (C)"); None when it names none or several ("A or B"),
+    or when it walks through the options in order without marking one ("A) Mars is rocky. B) …")."""
     plain = _MARKDOWN.sub("", answer or "").replace("is:", "is")
+    if _walks_through_options(plain, letters):  # only a marker ("so the answer is C") chooses
+        plain = _BARE_OPTION.sub(" ", plain)
     if len(plain.strip(" .\n")) == 1 and plain.strip(" .\n").upper() in letters:
         return plain.strip(" .\n").upper()  # a lone letter, even lower case
     chosen = choice_key(plain, letters) or _closing_option(plain, letters)
@@ -117,6 +133,12 @@ _MARKER = re.compile(r"(?<![a-z])answer[*_]*\s*(?:is\b|[:\u2014\u2013])|####", r
 # A thousands separator inside a number: LaTeX's thin and other spaces (1\,234, 1\;234, 1\ 234, 1~234)
 # and the Unicode thin, narrow no-break and no-break spaces (SI style): otherwise 1 and 234 are read.
 _GROUP_SPACE = re.compile(r"(?<=\d)(?:\\[,;: !]|~|[\u2009\u202f\u00a0])(?=\d{3}(?!\d))")
+
+
+# "1 234" with plain spaces (SI style) is one number only where an answer states its final number:
+# right after "Answer:"/"####" (a box's content is read whole already). In prose "3 100" is as often
+# two numbers, so elsewhere the last number is read as before.
+_SPACED_GROUPS = re.compile(r"(-?\d{1,3}(?: \d{3})+(?:\.\d+)?)(?![\d.,-]?\d)(?!\s*[-/])")
 
 
 def parse_number(text: str) -> float | None:
@@ -160,6 +182,8 @@ def final_number(answer: str) -> tuple[str | None, float | None]:
     markers = list(_MARKER.finditer(answer))
     if markers:
         tail = answer[markers[-1].end() :]
+        if (spaced := _SPACED_GROUPS.match(tail.lstrip(" *_$"))) is not None:
+            return spaced.group(1), float(spaced.group(1).replace(" ", ""))
         for token in _TOKEN.findall(tail):
             if (value := parse_number(token)) is not None:
                 return token.strip(), value
@@ -191,12 +215,21 @@ def token_f1(prediction: str, reference: str) -> float:
     return 2 * precision * recall / (precision + recall)
 
 
+def folded_key(text: str) -> str | None:
+    """router.answers.span_key without accents: "Zürich", "Zurich" and "ZURICH" are one answer, as
+    are "café" and "cafe" (a worker's spelling of a name is not its knowledge of it). Letters that
+    decompose (ü → u + ¨) lose their marks; others (ß, ø) stay as they are."""
+    decomposed = unicodedata.normalize("NFKD", text)
+    return span_key("".join(c for c in decomposed if not unicodedata.combining(c)))
+
+
 def grade_match(answer: str, golds: Sequence[str], partial: str | None = "f1") -> Grade:
     """1 when an accepted answer, normalised, appears whole in the normalised answer (workers add
     words: "It was Bayreuth."); otherwise the best token F1 against an accepted answer with
-    `partial="f1"` (LLMRouter's metric for these tasks), or 0."""
-    said = span_key(answer or "")
-    accepted = [key for g in golds if (key := span_key(str(g)))]
+    `partial="f1"` (LLMRouter's metric for these tasks), or 0. Accents are ignored on both sides
+    (:func:`folded_key`)."""
+    said = folded_key(answer or "")
+    accepted = [key for g in golds if (key := folded_key(str(g)))]
     if not accepted:
         raise ValueError("no usable accepted answer")
     if said is None:

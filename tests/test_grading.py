@@ -55,6 +55,17 @@ def test_choice_ignores_letters_the_question_did_not_offer():
     assert grade_choice("B", "B", "AB").score == 1.0
 
 
+def test_a_walk_through_the_options_chooses_only_by_a_marker():
+    walk = "A) Mars is rocky. B) Venus is hot. C) Jupiter is the largest planet. D) Saturn has rings."
+    assert grade_choice(walk, "A").extracted is None  # its first line starts with "A)": not a choice
+    assert grade_choice(walk + "\n\nSo the answer is C.", "C").score == 1.0
+    assert grade_choice("A) Mars\nB) Venus\n\nThe answer is (B).", "B").score == 1.0
+    # an answer that leads with its choice and names another option afterwards keeps its choice
+    assert grade_choice("C) Jupiter. Unlike A) Mars, it is a gas giant.", "C").score == 1.0
+    assert grade_choice("A) True. B) would need the opposite premise.", "A", "AB").extracted is None
+    assert grade_choice("A) True.", "A", "AB").score == 1.0
+
+
 # ---- number ------------------------------------------------------------------------------------------
 GSM8K_ANSWER = (
     "Janet's ducks lay 16 eggs. She eats 3 and bakes with 4, so 16 - 3 - 4 = 9 eggs are left.\n"
@@ -112,6 +123,25 @@ def test_match_gives_partial_credit_by_token_f1_or_none():
     assert grade_match("Salzburg", ["Bayreuth"]).score == 0.0
     assert grade_match("", ["Bayreuth"]).detail == "empty answer"
     assert token_f1("a b", "c") == 0.0
+
+
+def test_match_ignores_accents_on_either_side():
+    assert grade_match("It is in Zurich.", ["Zürich"]).score == 1.0
+    assert grade_match("ZÜRICH", ["Zurich"]).score == 1.0
+    assert grade_match("Café de Flore", ["cafe de flore"]).score == 1.0
+    assert grade_match("Zürich", ["Geneva"], partial=None).score == 0.0  # a wrong city is still wrong
+
+
+def test_number_reads_space_grouped_thousands_after_a_marker_only():
+    assert grade_number("The answer is 1 234.", "1234").score == 1.0
+    assert grade_number("**Answer**: 12 500 000 people", "12500000").score == 1.0
+    assert grade_number("#### -1 234", "-1234").score == 1.0
+    assert grade_number("\\boxed{1 234}", "1234").score == 1.0
+    assert grade_number("The answer is 1 234.5 metres", "1234.5").score == 1.0
+    # not a grouped number: a count before a compound, groups of other sizes, prose without a marker
+    assert final_number("The answer is 3 100-metre races")[1] == 3
+    assert final_number("The answer is 12 34")[1] == 12
+    assert final_number("She has 3 apples and 234 pears.")[1] == 234
 
 
 # ---- code --------------------------------------------------------------------------------------------

@@ -475,3 +475,58 @@ def test_the_gateway_prices_an_unseen_worker_on_the_models_scale(gw, trained, da
             known = router.route(live_request(row["message"], cost_weight=cost_weight), tuple(_pool()))
             answer = ask(gw, row["message"], **{"x-polyroute-cost-weight": str(cost_weight)})
             assert answer.headers["x-polyroute-worker"] == known.workers[0].name
+
+
+# ---- 6. the question the plan reads -------------------------------------------------------------------
+# few-shot multiple-choice examples before a question that is not one: only the last paragraph says so
+OPEN_ROWS = (
+    (SHOTS + "Name the colour of a clear daytime sky, in one word.", ("Blue", "blue.", "Blue")),
+    (SHOTS + "How many legs do 3 spiders have in total?", ("24", "The answer is 24.", "3 x 8 = 24")),
+    (SHOTS + "Which planet is the largest one in our solar system?", ("Jupiter", "Saturn", "Jupiter.")),
+)
+
+
+def test_the_plan_reads_the_question_a_routerbench_plan_was_trained_on(gw, trained, data, upstream):
+    """A RouterBench plan was fitted on the question after the few-shot examples: live, its answer
+    readers (the kind of answer, the option letters, the asserts) read that question too, so with each
+    worker answering as recorded the gateway's plans are the replay's. Read whole, the few-shot
+    examples' options make an open question look like a multiple-choice one, and some plans differ."""
+    from router.evidence import logit
+    from router.features import focus_text
+    from router.offline.book import AnswerBook
+    from router.offline.replay import play
+
+    recorded = [(row["message"], tuple(row["answers"])) for row in data["test_rows"][::3]] + list(OPEN_ROWS)
+    assert all(focus_text(m) != m for m, _ in recorded)  # every message is few-shot
+    answers = [list(a) for _, a in recorded]
+    book = AnswerBook([focus_text(m) for m, _ in recorded], answers)
+    whole = AnswerBook([m for m, _ in recorded], answers)
+    router, pool = learned(trained), _pool()
+    differ = 0
+    for cost_weight in (0.02, 3.0):
+        for i, (message, texts) in enumerate(recorded):
+            # room for every recorded answer (the test upstream cuts an answer at max_tokens words)
+            request = dataclasses.replace(
+                live_request(message, cost_weight=cost_weight), max_output_tokens=400
+            )
+            estimates = router.estimates(request, pool)
+            priors = np.array([logit(e.quality) for e in estimates])
+            costs = np.array([float(e.cost_usd) for e in estimates])
+            called, _, rounds = play(router.planner, book, i, priors, costs, cost_weight)
+            differ += play(router.planner, whole, i, priors, costs, cost_weight)[0] != called
+            for worker, text in zip(WORKERS, texts, strict=True):
+                upstream.behave(f"{worker}-model", text=text)
+            body = {
+                "model": "compose:plan",
+                "messages": [{"role": "user", "content": message}],
+                "max_tokens": 400,
+            }
+            headers = {**gw.auth(), "x-polyroute-cost-weight": str(cost_weight)}
+            response = httpx.post(gw.v1 + "/chat/completions", headers=headers, json=body, timeout=60)
+            assert response.status_code == 200, response.text
+            steps = response.headers["x-polyroute-plan"].split("steps=")[1]
+            live = [name for step in steps.split(",") for name in step.split("+")]
+            expected = (sorted(WORKERS[k] for k in called), rounds)
+            assert (sorted(live), steps.count(",") + 1) == expected, (cost_weight, message)
+    assert differ >= 1  # the rule matters for these questions: read whole, a plan differs
+    upstream.reset()

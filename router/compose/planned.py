@@ -24,6 +24,7 @@ from typing import Any
 from router.answers import Kind, detect_kind
 from router.compose.base import Answer, CeilingReached, DeadlineReached, Outcome, Run, Step, StepFailed
 from router.evidence import Answers, read_answers
+from router.features import TEXT_WHOLE, query_text
 from router.planner import Decision, Plans, State
 
 log = logging.getLogger("polyroute.compose")
@@ -44,7 +45,10 @@ class Planned:
     costs in quality units (μ > 0 lets the planner call two workers in the same round);
     ``code_keys`` (async ``(query, texts) -> (keys, assert_pass)``) compares code answers by
     behaviour, None by canonical source; ``text_keys`` (async ``texts -> keys``,
-    router/text_agreement.py) compares free-text answers by meaning, None: they agree with nobody."""
+    router/text_agreement.py) compares free-text answers by meaning, None: they agree with nobody;
+    ``question_rule`` is the part of the last user message the plan was trained to read
+    (router.features.query_text: RouterBench's plans read a few-shot prompt's last paragraph, so the
+    option letters and the asserts they see are the question's, not an example's)."""
 
     name = "plan"
 
@@ -57,6 +61,7 @@ class Planned:
         code_keys: CodeKeys | None = None,
         parallel: int = 2,
         text_keys: TextKeys | None = None,
+        question_rule: str = TEXT_WHOLE,
     ) -> None:
         if len(log_odds) != len(costs):
             raise ValueError(f"{len(log_odds)} priors but {len(costs)} costs")
@@ -69,6 +74,8 @@ class Planned:
         self.code_keys = code_keys
         self.text_keys = text_keys
         self.parallel = parallel
+        query_text("", question_rule)  # an unknown rule fails here, not in a request's first round
+        self.question_rule = question_rule
 
     async def read(self, question: str, texts: Sequence[str]) -> Answers:
         """The answers so far as the planner sees them (code run in a subprocess when asked to)."""
@@ -104,7 +111,7 @@ class Planned:
         pool = run.pool
         if len(pool) != len(self.log_odds):
             raise ValueError(f"{len(pool)} workers in the pool but {len(self.log_odds)} priors")
-        question = run.question
+        question = query_text(run.question, self.question_rule)
         called: list[int] = []  # pool indices that answered, in order (State.called)
         answers: list[Answer] = []
         answer_steps: list[Step] = []
