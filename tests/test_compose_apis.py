@@ -362,3 +362,31 @@ def test_count_tokens_refuses_an_unknown_workflow_as_messages_does(gateway):
     assert counted.json()["error"]["message"] == sent.json()["error"]["message"]
     known = post(gateway, "/messages/count_tokens", {**body, "model": "compose:plan"})
     assert known.status_code == 200 and known.json()["input_tokens"] > 0
+
+
+# ---- 5. one output bound per step -------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "workflow", ["compose:ensemble", "compose:cascade", "compose:debate", "compose:plan"]
+)
+def test_each_step_gets_one_output_bound_in_the_field_the_client_used(pgw, upstream, workflow):
+    """Current OpenAI SDKs send max_completion_tokens, and OpenAI refuses it beside max_tokens: every
+    step, judges included (their own bound, 4 tokens, wins), sends one bound in the client's field."""
+    behave_all(upstream, dict.fromkeys(WORKERS, "Paris. Score: 9"))
+    upstream.requests.clear()
+    body = {"model": workflow, "max_completion_tokens": 50, "messages": MESSAGES_Q}
+    if workflow == "compose:cascade":
+        body["metadata"] = {"verifier": "judge"}
+    answer = post(pgw, "/chat/completions", body)
+    assert answer.status_code == 200, answer.text
+    sent = [r for r in upstream.requests if r.get("model") in {f"{w}-model" for w in WORKERS}]
+    assert sent
+    assert not [r for r in sent if "max_tokens" in r], [r.get("model") for r in sent]
+    assert {r["max_completion_tokens"] for r in sent} <= {50, 4}
+    if workflow in ("compose:cascade", "compose:debate"):
+        assert 4 in {r["max_completion_tokens"] for r in sent}  # a judge asked for its score alone
+    upstream.requests.clear()
+    classic = post(pgw, "/chat/completions", {**body, "max_completion_tokens": None, "max_tokens": 50})
+    assert classic.status_code == 200, classic.text
+    sent = [r for r in upstream.requests if r.get("model") in {f"{w}-model" for w in WORKERS}]
+    assert sent and not [r for r in sent if "max_completion_tokens" in r]
+    assert {r["max_tokens"] for r in sent} <= {50, 4}

@@ -139,6 +139,14 @@ def chars(messages: Sequence[dict[str, Any]]) -> int:
     return token_chars(texts())
 
 
+# (the field a step's output bound is sent in, the one it must not be sent beside), keyed by
+# "the client sent max_completion_tokens"
+_BOUND_FIELDS = {
+    False: ("max_tokens", "max_completion_tokens"),
+    True: ("max_completion_tokens", "max_tokens"),
+}
+
+
 @dataclass
 class Run:
     """One workflow execution: the question, the pool (best-ranked first), the guard, the trace."""
@@ -312,13 +320,17 @@ class Run:
             )
         shaped = {} if role in JUDGING_ROLES else self.answer_params
         merged = {**self.params, **shaped, **params}
-        if self.max_tokens is not None:
-            merged.setdefault("max_tokens", self.max_tokens)
+        # One output bound per step, in the field the client used: OpenAI refuses max_tokens beside
+        # max_completion_tokens (which current SDKs send). A step's own bound (a judge's 4) wins.
+        field, other = _BOUND_FIELDS[self.params.get("max_completion_tokens") is not None]
+        own = params.get("max_tokens", params.get("max_completion_tokens"))
+        bound = own if own is not None else merged.get(field, merged.get(other, self.max_tokens))
+        merged.pop(other, None)
         held = predicted  # with an output budget set, the prediction is the step's worst case
-        if merged.get("max_tokens") is None and merged.get("max_completion_tokens") is None:
+        if bound is None:
             bound, held = self._output_bound(worker, messages, allowed)
-            if bound is not None:
-                merged["max_tokens"] = bound
+        if bound is not None:
+            merged[field] = bound
         self._reserved += held
         started = time.perf_counter()
         step = Step(role, worker.name)
