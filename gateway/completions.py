@@ -174,9 +174,14 @@ def admission_for(
     """Ask the policy in force which workers may serve this request. Fails closed."""
     require_policy(state, engine)
     version = {"x-polyroute-policy-version": engine.version}
-    # A workflow (compose:<name>) draws from the same pool as auto, under the same rules.
-    model = AUTO if chat.model.startswith(compose.PREFIX) else chat.model
-    known = model == AUTO or model in engine.policy.aliases or state.catalog.get(model)
+    # A workflow (compose:<name>) draws from auto's pool, under auto's rules and its own (policies/engine.py)
+    model = chat.model
+    known = (
+        model == AUTO
+        or model.startswith(compose.PREFIX)
+        or model in engine.policy.aliases
+        or state.catalog.get(model)
+    )
     if not known:
         names = model_names(state, engine.policy.aliases)
         raise APIError(

@@ -23,7 +23,7 @@ from policies.admission import (
 from policies.catalog import Catalog, Kind, Worker
 from policies.cost import predicted_cost
 from policies.detect import Detector, RegexDetector, builtin_detectors, decoded_views, scan
-from policies.schema import Policy, Rule, Tenant
+from policies.schema import AUTO_MODEL, WORKFLOW_PREFIX, Policy, Rule, Tenant
 
 
 class PolicyRequestError(ValueError):
@@ -36,6 +36,13 @@ class Spend:
 
     daily_usd: Decimal = Decimal(0)
     monthly_usd: Decimal = Decimal(0)
+
+
+def _names(model: str, models) -> bool:
+    """Whether a rule scoped to ``models`` covers a request for ``model``. A workflow request
+    (`compose:<name>`) draws from auto's pool: rules scoped to `auto` cover it, and so do rules
+    scoped to that workflow by name."""
+    return model in models or (model.startswith(WORKFLOW_PREFIX) and AUTO_MODEL in models)
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,7 +178,7 @@ class CompiledRule:
         when = self.rule.when
         return (
             (not when.tenants or tenant in when.tenants)
-            and (not when.models or model in when.models)
+            and (not when.models or _names(model, when.models))
             and (not when.data_classes or data_class in when.data_classes)
         )
 

@@ -158,6 +158,45 @@ def test_alias_scopes_rules(pgw, upstream):
     assert chat(pgw, model="auto").status_code == 200
 
 
+def test_rules_scoped_to_a_workflow_apply_to_requests_for_it(pgw, upstream):
+    """A rule scoped to `compose:ensemble` applies to compose:ensemble requests (it was accepted by
+    validation and applied by explain, but a workflow request was decided as `auto`), beside the rules
+    scoped to `auto`, which cover every workflow; it does not apply to other workflows or to auto."""
+    write_policy(
+        pgw.policy_file,
+        {
+            **BASE_POLICY,
+            "version": "workflow",
+            "rules": [
+                {
+                    "id": "ensembles-not-us",
+                    "when": {"models": ["compose:ensemble"]},
+                    "deny_jurisdictions": ["US"],
+                },
+                {"id": "auto-not-cn", "when": {"models": ["auto"]}, "deny_jurisdictions": ["CN"]},
+            ],
+        },
+    )
+    wait_for(lambda: pgw.state.policy.engine.version.startswith("workflow+"))
+    for model in ("cheap-model", "mid-model", "pricey-model"):
+        upstream.behave(model, text="Paris is the capital of France.")
+    explained = admin(
+        pgw, "POST", "/admin/policies/explain", json={"model": "compose:ensemble", "text": "hi"}
+    ).json()
+    assert "pricey" not in explained["pool"] and "mid" not in explained["pool"]
+    upstream.requests.clear()
+    ensemble = chat(pgw, model="compose:ensemble", max_tokens=20)
+    assert ensemble.status_code == 200, ensemble.text
+    called = {r["model"] for r in upstream.requests}
+    assert called and not called & {"pricey-model", "mid-model"}, called  # US by its rule, CN by auto's
+    upstream.requests.clear()
+    debate = chat(pgw, model="compose:debate", max_tokens=20, headers={"x-polyroute-trace": "1"})
+    assert debate.status_code == 200, debate.text
+    called = {r["model"] for r in upstream.requests}
+    assert "pricey-model" in called and "mid-model" not in called, called  # auto's rule only
+    upstream.requests.clear()
+
+
 # ---- hot reload --------------------------------------------------------------------------------
 def test_reload_valid_then_invalid_yaml_then_schema_error_then_removed(pgw):
     status = lambda: admin(pgw, "GET", "/admin/policies/status").json()  # noqa: E731
