@@ -781,6 +781,7 @@ async def serve(request: Request, wire: Wire) -> Response:
         explain=request.headers.get(compose.TRACE_HEADER) == "1",
         wire=wire,
     )
+    exchange.skip = composition.skip  # fast mode in place of a workflow: workers over the client's ceiling
     if cache_plan is not None:
         exchange.headers[caching.CACHE_HEADER] = "miss"
     if composition.note:

@@ -119,6 +119,8 @@ class Composition:
     auto: bool = False  # chosen by `auto` (the router), not asked for by the client's compose:<workflow>
     # a workflow that ran and produced no answer before fast mode answered: its steps (trace form)
     steps: tuple[dict[str, Any], ...] = ()
+    # workers fast mode must not call in place of a compose:<workflow>: predicted over the client's ceiling
+    skip: frozenset[str] = frozenset()
 
     @property
     def degraded(self) -> bool:
@@ -195,6 +197,44 @@ async def _planned(
         latency_weight,
         question_rule=getattr(router, "text_rule", "whole"),
     )
+
+
+def _in_fast_mode(
+    state,
+    chat: ChatCompletionRequest,
+    admission,
+    recalled,
+    workers: tuple[Worker, ...],
+    why: str,
+    workflow: str,
+) -> Composition:
+    """A client's compose:<workflow> answered in fast mode because the workflow cannot run (tools, one
+    admissible worker), saying ``why``. A ceiling the client set itself (metadata.max_cost_usd below
+    the gateway's) stays its bound, as the workflow would have kept it: fast mode does not call the
+    workers predicted over it, and when every worker is, nobody is called (502 workflow_failed, as
+    when no worker fits a workflow's first step)."""
+    note = f"degraded: {why}"
+    if not _client_bound(state, chat, admission):
+        return Composition(note=note, requested=workflow)
+    ceiling = _asked_ceiling(chat)
+    messages = memory.workflow_messages(recalled, chat.messages_payload())
+    prompt_chars, output = chars(messages), chat.output_budget()
+    costs = {w.name: predicted_cost(w, prompt_chars, output) for w in workers}
+    over = frozenset(name for name, cost in costs.items() if cost > ceiling)
+    if len(over) == len(workers):
+        cheapest = min(costs, key=lambda name: costs[name])
+        at = f" at max_tokens {output}" if output else ""
+        raise APIError(
+            502,
+            f"the {workflow} workflow cannot run ({why.split(';')[0]}) and fast mode would pass your cost "
+            f"ceiling ${ceiling} (metadata.max_cost_usd): the cheapest admissible worker, {cheapest}, is "
+            f"predicted ${costs[cheapest]:.6f}{at}; nobody was called",
+            type="server_error",
+            code="workflow_failed",
+        )
+    if over:
+        note += f"; not called, predicted over your cost ceiling ${ceiling}: {', '.join(sorted(over))}"
+    return Composition(note=note, requested=workflow, skip=over)
 
 
 def _cannot_start(
@@ -297,14 +337,11 @@ async def plan(
             param="model",
         )
     if chat.tools:
-        return Composition(
-            note=f"degraded: {forced} does not take tools; answered in fast mode", requested=forced
-        )
+        why = f"{forced} does not take tools; answered in fast mode"
+        return _in_fast_mode(state, chat, admission, recalled, decision.workers, why, forced)
     if len(decision.workers) < 2:
-        return Composition(
-            note=f"degraded: only one admissible worker ({decision.workers[0].name}); fast mode",
-            requested=forced,
-        )
+        why = f"only one admissible worker ({decision.workers[0].name}); fast mode"
+        return _in_fast_mode(state, chat, admission, recalled, decision.workers, why, forced)
     pool = decision.workers
     if forced == "plan":
         return await _planned(

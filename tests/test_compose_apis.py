@@ -390,3 +390,50 @@ def test_each_step_gets_one_output_bound_in_the_field_the_client_used(pgw, upstr
     sent = [r for r in upstream.requests if r.get("model") in {f"{w}-model" for w in WORKERS}]
     assert sent and not [r for r in sent if "max_completion_tokens" in r]
     assert {r["max_tokens"] for r in sent} <= {50, 4}
+
+
+# ---- 6. the client's own ceiling when a workflow answers in fast mode ---------------------------------
+LOOKUP = [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}]
+
+
+def test_a_workflow_answered_in_fast_mode_keeps_the_clients_own_ceiling(pgw, upstream):
+    """compose:<workflow> with tools answers in fast mode; a ceiling the client set itself
+    (metadata.max_cost_usd) stays its bound there, as the workflow would have kept it: workers predicted
+    over it are not called (not even as fallbacks), and when every one is, nobody is (502, in each
+    API's shape). At max_tokens 4000 cheap is predicted $0.0008, mid $0.008, pricey $0.06."""
+    behave_all(upstream, dict.fromkeys(WORKERS, "Paris."))
+    body = {"model": "compose:ensemble", "max_tokens": 4000, "messages": MESSAGES_Q, "tools": LOOKUP}
+    upstream.requests.clear()
+    none_fits = post(pgw, "/chat/completions", {**body, "metadata": {"max_cost_usd": "0.00001"}})
+    assert none_fits.status_code == 502, none_fits.text
+    error = none_fits.json()["error"]
+    assert error["code"] == "workflow_failed" and "nobody was called" in error["message"]
+    assert "the cheapest admissible worker, cheap, is predicted $0.0008" in error["message"]
+    messages = post(
+        pgw,
+        "/messages",
+        {
+            "model": "compose:ensemble",
+            "max_tokens": 4000,
+            "messages": MESSAGES_Q,
+            "tools": [{"name": "lookup", "input_schema": {"type": "object"}}],
+            "metadata": {"max_cost_usd": "0.00001"},
+        },
+    )
+    assert messages.status_code == 502 and messages.json()["type"] == "error", messages.text
+    assert not upstream.requests
+    # cheap fits and fails: fast mode would fall back to mid and pricey, both over the client's bound
+    upstream.behave("cheap-model", status=500)
+    answer = post(pgw, "/chat/completions", {**body, "metadata": {"max_cost_usd": "0.001"}})
+    assert answer.status_code == 502, answer.text
+    assert {r["model"] for r in upstream.requests} == {"cheap-model"}
+    assert (
+        "not called, predicted over your cost ceiling $0.001: mid, pricey"
+        in answer.headers["x-polyroute-compose"]
+    )
+    # without a ceiling of its own, the client gets fast mode's fallback as before
+    upstream.requests.clear()
+    fallback = post(pgw, "/chat/completions", body)
+    assert fallback.status_code == 200, fallback.text
+    assert "mid-model" in {r["model"] for r in upstream.requests}
+    upstream.reset()
