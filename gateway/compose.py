@@ -99,6 +99,7 @@ SAMPLING = (
 ANSWER_FORMAT = ("response_format", "logprobs", "top_logprobs", "logit_bias")
 ACCEPTANCE_FILE = "acceptance.joblib"
 STREAM_CHUNK_CHARS = 48
+STREAM_CHUNK_TOKENS = 8  # with logprobs: the tokens (and their logprobs) of one streamed chunk
 CLIENT_GONE = "the client disconnected"
 
 
@@ -888,6 +889,21 @@ def _choice(final: Answer) -> dict[str, Any]:
     return ((final.body or {}).get("choices") or [{}])[0]
 
 
+def _pieces(text: str, logprobs: Any) -> list[tuple[str, dict | None]]:
+    """The answer's text in stream chunks, each with its share of the answer's logprobs (the client
+    asked for them): as OpenAI streams them, a chunk's `logprobs.content` holds its own tokens. When
+    the tokens do not spell the text (a provider's other shape), the first chunk carries them all."""
+    entries = logprobs.get("content") if isinstance(logprobs, dict) else None
+    tokens = isinstance(entries, list) and all(
+        isinstance(e, dict) and isinstance(e.get("token"), str) for e in entries
+    )
+    if entries and tokens and "".join(e["token"] for e in entries) == text:
+        groups = [entries[i : i + STREAM_CHUNK_TOKENS] for i in range(0, len(entries), STREAM_CHUNK_TOKENS)]
+        return [("".join(e["token"] for e in group), {"content": group}) for group in groups]
+    pieces = [text[i : i + STREAM_CHUNK_CHARS] for i in range(0, len(text), STREAM_CHUNK_CHARS)]
+    return [(piece, logprobs if i == 0 and logprobs else None) for i, piece in enumerate(pieces)]
+
+
 async def _sse(final: Answer, usage: dict | None, extra: dict, request_id: str):
     """The final answer as OpenAI chunks; with include_usage, a usage chunk carrying the workflow's total."""
     common = {
@@ -897,17 +913,16 @@ async def _sse(final: Answer, usage: dict | None, extra: dict, request_id: str):
         "model": final.worker,
     }
 
-    def chunk(delta: dict, finish: str | None = None) -> bytes:
+    def chunk(delta: dict, finish: str | None = None, logprobs: dict | None = None) -> bytes:
         payload = {
             **common,
-            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
+            "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}],
         }
         return b"data: " + orjson.dumps(payload) + b"\n\n"
 
     yield chunk({"role": "assistant", "content": ""})
-    text = final.text
-    for start in range(0, len(text), STREAM_CHUNK_CHARS):
-        yield chunk({"content": text[start : start + STREAM_CHUNK_CHARS]})
+    for piece, logprobs in _pieces(final.text, _choice(final).get("logprobs")):
+        yield chunk({"content": piece}, logprobs=logprobs)
     yield chunk({}, _finish_reason(final))
     if usage is not None:
         yield (

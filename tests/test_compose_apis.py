@@ -437,3 +437,33 @@ def test_a_workflow_answered_in_fast_mode_keeps_the_clients_own_ceiling(pgw, ups
     assert fallback.status_code == 200, fallback.text
     assert "mid-model" in {r["model"] for r in upstream.requests}
     upstream.reset()
+
+
+# ---- 7. logprobs in a streamed workflow answer --------------------------------------------------------
+def test_a_streamed_workflow_answer_carries_the_logprobs_the_json_answer_has(pgw, upstream):
+    """logprobs=true: each streamed chunk carries its own tokens' logprobs, as OpenAI streams them, and
+    together they are the JSON answer's (every chunk said null)."""
+    answer_text = "Paris is the capital of France and has been for a very long time indeed."
+    behave_all(upstream, dict.fromkeys(WORKERS, answer_text))
+    body = {"model": "compose:ensemble", "max_tokens": 40, "logprobs": True, "messages": MESSAGES_Q}
+    plain = post(pgw, "/chat/completions", body)
+    assert plain.status_code == 200, plain.text
+    choice = plain.json()["choices"][0]
+    expected = choice["logprobs"]["content"]
+    assert len(expected) == len(choice["message"]["content"].split(" ")) > 8  # more than one chunk's worth
+    with httpx.stream(
+        "POST", pgw.v1 + "/chat/completions", headers=pgw.auth(), json={**body, "stream": True}, timeout=60
+    ) as response:
+        assert response.status_code == 200
+        events = [line[6:] for line in response.iter_lines() if line.startswith("data: ")]
+    chunks = [orjson.loads(e) for e in events if e != "[DONE]"]
+    content = [
+        c["choices"][0] for c in chunks if c.get("choices") and c["choices"][0]["delta"].get("content")
+    ]
+    assert len(content) >= 2
+    streamed = [entry for c in content for entry in c["logprobs"]["content"]]
+    assert [e["token"] for e in streamed] == [e["token"] for e in expected]
+    assert "".join(c["delta"]["content"] for c in content) == choice["message"]["content"]
+    for c in content:  # a chunk's text is its own tokens
+        assert c["delta"]["content"] == "".join(e["token"] for e in c["logprobs"]["content"])
+    upstream.reset()

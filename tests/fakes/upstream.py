@@ -78,6 +78,19 @@ def _words(text: str) -> list[str]:
     return [p + (" " if i < len(parts) - 1 else "") for i, p in enumerate(parts)]
 
 
+def _logprobs(text: str | None) -> dict[str, Any]:
+    """OpenAI's `choices[0].logprobs` for ``text``: one entry per word (the fake's token), a made-up
+    but deterministic log probability each."""
+    words = _words(text or "") if text else []
+    return {
+        "content": [
+            {"token": w, "logprob": round(-0.01 * (i + 1), 4), "bytes": list(w.encode()), "top_logprobs": []}
+            for i, w in enumerate(words)
+        ],
+        "refusal": None,
+    }
+
+
 def _last_user_text(body: dict[str, Any]) -> str:
     for message in reversed(body.get("messages") or []):
         if message.get("role") == "user":
@@ -293,6 +306,7 @@ class FakeUpstream:
                     {
                         "index": 0,
                         "message": message,
+                        "logprobs": _logprobs(content) if body.get("logprobs") and not tool_call else None,
                         "finish_reason": _finish(behaviour, tool_call, cut),
                     }
                 ],
