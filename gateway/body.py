@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import json
+import re
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import ParamSpec, TypeVar
@@ -36,6 +38,10 @@ LARGE_BODY_BYTES = 64 * 1024
 HEAVY_WORKERS = 1
 _HEAVY = ThreadPoolExecutor(max_workers=HEAVY_WORKERS, thread_name_prefix="polyroute-heavy")
 _SIZE_ATTR = "polyroute_body_bytes"
+# orjson parses an integer exactly only from -2**63 to 2**64 - 1; one beyond that becomes a rounded
+# float. Such a literal has at least 19 digits, so a body without a run of 19 digits has none.
+_EXACT_INTS = range(-(2**63), 2**64)
+_LONG_DIGITS = re.compile(rb"\d{19}")
 
 
 async def off_loop(fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
@@ -90,7 +96,50 @@ def parse_json_object(raw: bytes) -> dict:
         raise APIError(400, f"request body is not valid JSON: {exc}", code="invalid_json") from None
     if not isinstance(data, dict):
         raise APIError(400, "request body must be a JSON object", code="invalid_json")
+    if _LONG_DIGITS.search(raw):
+        _refuse_inexact_integers(raw)
     return data
+
+
+def _refuse_inexact_integers(raw: bytes) -> None:
+    """A 400 naming the field of an integer orjson would have rounded (2**70 stored as 1.18e21):
+    the body is parsed again, exactly, only when it has a run of 19 digits somewhere."""
+    inexact: list[int] = []
+
+    def parse_int(literal: str) -> int:
+        value = int(literal)
+        if value not in _EXACT_INTS:
+            inexact.append(value)
+        return value
+
+    try:
+        exact = json.loads(raw, parse_int=parse_int)
+    except (ValueError, RecursionError):  # orjson accepted it; nothing more to learn here
+        return
+    if inexact:
+        param = _path_to(exact, inexact[0]) or None
+        where = f"{param} is" if param else "an integer in the body is"
+        raise APIError(
+            400,
+            f"{where} {inexact[0]}, beyond 64 bits: it cannot be kept exactly. Send it as a string.",
+            param=param,
+            code="invalid_value",
+        )
+
+
+def _path_to(node: object, value: int, path: str = "") -> str | None:
+    """Where `value` (an int) sits in parsed JSON, as `a.b[2].c`."""
+    if isinstance(node, dict):
+        items = ((f"{path}.{k}" if path else str(k), v) for k, v in node.items())
+    elif isinstance(node, list):
+        items = ((f"{path}[{i}]", v) for i, v in enumerate(node))
+    else:
+        return path if type(node) is int and node == value else None
+    for child_path, child in items:
+        found = _path_to(child, value, child_path)
+        if found is not None:
+            return found
+    return None
 
 
 def validate(model: type[Model], data: dict) -> Model:

@@ -120,13 +120,24 @@ class SearchBody(BaseModel):
     candidates: int | None = Field(None, ge=1, le=2000)
 
 
+def _listed(store: Retriever, tenant: str) -> list[dict[str, Any]]:
+    """Each collection's stats; one whose shard another owner holds is listed as locked (with the
+    message its own routes give as a 503) so that it does not hide the healthy ones."""
+    data = []
+    for name in store.names(tenant):
+        try:
+            data.append(store.get(tenant, name).stats())
+        except CollectionNotFound:  # deleted since it was listed
+            continue
+        except ShardLocked as exc:
+            data.append({"object": "collection", "name": name, "status": "locked", "message": str(exc)})
+    return data
+
+
 @router.get("/v1/collections")
 async def list_collections(request: Request) -> JSONResponse:
     tenant = await _tenant(request)
-    store = retriever(request.app)
-    data = []
-    for name in store.names(tenant):
-        data.append(await asyncio.to_thread(lambda n=name: store.get(tenant, n).stats()))
+    data = await asyncio.to_thread(_listed, retriever(request.app), tenant)
     return JSONResponse({"object": "list", "data": data})
 
 
@@ -297,8 +308,10 @@ def _rejected(name: str, results, deleted: list[str], errors: list[dict]) -> JSO
 async def list_documents(name: str, request: Request, limit: int = 100, after: str = "") -> JSONResponse:
     collection = await _collection(request, await _tenant(request), name)
     limit = max(1, min(limit, 1000))
-    data = await asyncio.to_thread(collection.list_documents, limit, after)
-    return JSONResponse({"object": "list", "data": data, "has_more": len(data) == limit})
+    data = await asyncio.to_thread(
+        collection.list_documents, limit + 1, after
+    )  # one more: is there a next page?
+    return JSONResponse({"object": "list", "data": data[:limit], "has_more": len(data) > limit})
 
 
 @router.get("/v1/collections/{name}/documents/{doc_id:path}")
@@ -358,9 +371,10 @@ async def search(name: str, request: Request) -> JSONResponse:
     )
 
 
-@router.delete("/v1/sessions/{session_id}")
+@router.delete("/v1/sessions/{session_id:path}")
 async def forget_session(session_id: str, request: Request) -> JSONResponse:
-    """Forget a conversation's session memory (metadata.session_id): its stored turns are deleted."""
+    """Forget a conversation's session memory (metadata.session_id): its stored turns are deleted.
+    `:path` because a session id may hold a '/' (sent as %2F, which the server decodes)."""
     from retrieval.store import session_collection
 
     tenant = await _tenant(request)

@@ -3,7 +3,15 @@
 The SDK imports none of the server packages; it only speaks HTTP to a gateway.
 """
 
-from polyroute.client import AsyncClient, ChatResult, ChatStream, Client, PolyrouteError, Route
+from polyroute.client import (
+    AsyncClient,
+    ChatResult,
+    ChatStream,
+    Client,
+    PolyrouteError,
+    PolyrouteTimeout,
+    Route,
+)
 
-__all__ = ["AsyncClient", "ChatResult", "ChatStream", "Client", "PolyrouteError", "Route"]
+__all__ = ["AsyncClient", "ChatResult", "ChatStream", "Client", "PolyrouteError", "PolyrouteTimeout", "Route"]
 __version__ = "0.1.0"

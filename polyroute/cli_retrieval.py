@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
@@ -45,6 +47,33 @@ def _batches(files: list[Path], root: Path):
         size += length
     if batch:
         yield batch
+
+
+def _excerpt(response) -> str:
+    """What an error answer says, short: the gateway's error message, else the body's text without
+    markup (a proxy's HTML page)."""
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    if isinstance(body, dict) and isinstance(body.get("error"), dict) and body["error"].get("message"):
+        return str(body["error"]["message"])[:300]
+    text = " ".join(re.sub(r"<[^>]*>", " ", response.text).split())
+    return (text[:200] + "…" if len(text) > 200 else text) or "(empty body)"
+
+
+def _ingest_answer(response) -> dict | None:
+    """The gateway's ingest answer ({"data", "errors", ...}), or None when the answer is not one:
+    an error status without per-file errors, or a body that is not the gateway's JSON (a proxy's)."""
+    try:
+        body = response.json()
+    except ValueError:
+        return None
+    if not isinstance(body, dict) or not isinstance(body.get("data"), list):
+        return None
+    if response.status_code >= 400 and not body.get("errors"):
+        return None
+    return body
 
 
 def ingest_command(
@@ -78,8 +107,10 @@ def ingest_command(
         raise typer.Exit(1)
     counts = {"created": 0, "updated": 0, "unchanged": 0}
     errors: list[tuple[str, str]] = []
+    not_sent: list[str] = []  # files of the refused batch and of the batches after it
     chunks = 0
     endpoint = f"{url}/v1/collections/{collection}/documents"
+    batches = list(_batches(files, root))
     with (
         httpx.Client(timeout=600, headers={"authorization": f"Bearer {key}"}) as http,
         Progress(
@@ -94,7 +125,7 @@ def ingest_command(
         task = progress.add_task("ingest", total=len(files), name=collection, rate="")
         started = time.perf_counter()
         done = 0
-        for batch in _batches(files, root):
+        for number, batch in enumerate(batches, 1):
             upload = [
                 ("files", (p.relative_to(root).as_posix(), p.read_bytes(), "application/octet-stream"))
                 for p in batch
@@ -104,14 +135,23 @@ def ingest_command(
             except httpx.HTTPError as exc:
                 console.print(f"[red]cannot reach the gateway at {url}: {exc}[/red]")
                 raise typer.Exit(2) from None
-            body = (
-                response.json()
-                if response.headers.get("content-type", "").startswith("application/json")
-                else {}
-            )
-            if response.status_code >= 400 and "error" in body and not body.get("errors"):
-                console.print(f"[red]{response.status_code}: {body['error'].get('message')}[/red]")
-                raise typer.Exit(1)
+            body = _ingest_answer(response)
+            if body is None:  # refused as a whole (by the gateway, or a proxy in front of it)
+                size = sum(p.stat().st_size for p in batch)
+                progress.console.print(
+                    f"[red]✗ batch {number} of {len(batches)} ({len(batch)} files, {size / 1e6:.1f} MB) "
+                    f"was not ingested: HTTP {response.status_code} from {endpoint}: {escape(_excerpt(response))}[/red]"
+                )
+                if response.status_code == 413:
+                    progress.console.print(
+                        f"[red]  the request was too large for the gateway or a proxy in front of it "
+                        f"(nginx: client_max_body_size); this command sends up to "
+                        f"{MAX_BATCH_BYTES // (1024 * 1024)} MB a request[/red]"
+                    )
+                not_sent = [
+                    n for b in batches[number - 1 :] for n in (p.relative_to(root).as_posix() for p in b)
+                ]
+                break
             for item in body.get("data", []):
                 counts[item["status"]] = counts.get(item["status"], 0) + 1
                 chunks += item.get("chunks", 0)
@@ -130,8 +170,15 @@ def ingest_command(
     console.print(
         f"{collection}: {counts['created']} created, {counts['updated']} updated, "
         f"{counts['unchanged']} unchanged ({chunks} chunks written); {len(errors)} failed"
+        + (f"; {len(not_sent)} not ingested" if not_sent else "")
     )
-    if errors:
+    if not_sent:
+        shown = ", ".join(not_sent[:10]) + (f" and {len(not_sent) - 10} more" if len(not_sent) > 10 else "")
+        console.print(
+            f"[red]not ingested: {escape(shown)}. Rerun the same command to ingest them (ids are the "
+            "paths: files already in come back unchanged).[/red]"
+        )
+    if errors or not_sent:
         raise typer.Exit(1)
 
 

@@ -9,13 +9,26 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 
 DEFAULT_BASE_URL = "http://127.0.0.1:8400"
+
+# The gateway's default deadline for one request's worker phase (attempts, retries, fallbacks,
+# memory rounds, the whole stream): `request_timeout_s` in gateway/settings.py, env
+# POLYROUTE_REQUEST_TIMEOUT_S. The SDK imports no server code, so the value is repeated here and
+# tests/test_sdk_fixes.py checks that the two agree.
+GATEWAY_REQUEST_TIMEOUT_S = 300.0
+# The SDK waits that long plus a margin for the gateway's own work around the worker calls (body,
+# policy, retrieval, the answer or the 504 it sends at the deadline): a client that gave up
+# earlier would abandon requests the gateway still finishes and bills.
+DEFAULT_TIMEOUT_S = GATEWAY_REQUEST_TIMEOUT_S + 30.0
 
 
 def default_base_url() -> str:
@@ -44,6 +57,23 @@ class PolyrouteError(Exception):
         self.type = type
         self.code = code
         self.request_id = request_id
+
+
+class PolyrouteTimeout(PolyrouteError):
+    """No answer from the gateway within the client's timeout (`status` 0: no HTTP answer arrived).
+
+    `sent` says whether the request may have reached the gateway. If it did, the gateway keeps
+    working on it up to its own deadline (POLYROUTE_REQUEST_TIMEOUT_S, 300 s by default) and bills
+    it if a worker answers, so a retry can pay twice. No request id reached the client; the call is
+    in the gateway's ledger under your key's tenant, started at `started_at` (UTC).
+    """
+
+    def __init__(self, message: str, method: str, path: str, started_at: datetime, sent: bool) -> None:
+        super().__init__(0, message, "timeout_error", "client_timeout")
+        self.method = method
+        self.path = path
+        self.started_at = started_at
+        self.sent = sent
 
 
 def usd(value: Any) -> Decimal:
@@ -117,6 +147,59 @@ def _raise_for(response: httpx.Response) -> None:
     )
 
 
+@contextmanager
+def _timeouts(method: str, path: str, timeout: float | None) -> Iterator[None]:
+    """Turn httpx's timeouts into PolyrouteTimeout, saying what the gateway may still do."""
+    started_at = datetime.now(UTC)
+    try:
+        yield
+    except (httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
+        raise PolyrouteTimeout(
+            f"{method} {path}: could not connect to the gateway within the client's timeout "
+            f"({timeout} s); the request was not sent, so retrying is safe.",
+            method,
+            path,
+            started_at,
+            sent=False,
+        ) from exc
+    except httpx.TimeoutException as exc:
+        raise PolyrouteTimeout(
+            f"{method} {path}: no answer within the client's timeout ({timeout} s). The gateway may "
+            "still finish this request and bill it (it allows up to its POLYROUTE_REQUEST_TIMEOUT_S, "
+            "300 s by default), so a retry can pay twice. No request id was received: an admin finds "
+            f"the call in the gateway's ledger under your key's tenant, started at {started_at:%Y-%m-%dT%H:%M:%SZ}. "
+            "Give the client a timeout longer than the gateway's deadline to get its answer.",
+            method,
+            path,
+            started_at,
+            sent=True,
+        ) from exc
+
+
+def _segment(value: str) -> str:
+    """One path segment, percent-encoded ('/' too); '.' and '..' are encoded so that no URL
+    normalisation removes them."""
+    return {".": "%2E", "..": "%2E%2E"}.get(value) or quote(value, safe="")
+
+
+def _doc_path(collection: str, doc_id: str) -> str:
+    """/v1/collections/{name}/documents/{id}: the server's route takes '/' in an id as is."""
+    return f"/v1/collections/{_segment(collection)}/documents/{'/'.join(map(_segment, doc_id.split('/')))}"
+
+
+def _feedback_body(
+    request_id: str, score: float | None, thumbs: str | None, comment: str | None
+) -> dict[str, Any]:
+    body: dict[str, Any] = {"request_id": request_id}
+    if score is not None:
+        body["score"] = score
+    if thumbs is not None:
+        body["thumbs"] = thumbs
+    if comment is not None:
+        body["comment"] = comment
+    return body
+
+
 def _chat_body(messages: list[dict[str, Any]], model: str, stream: bool, params: dict[str, Any]) -> dict:
     body = {"model": model, "messages": messages, **params}
     if stream:
@@ -146,8 +229,9 @@ def _events(lines: Iterator[str]) -> Iterator[dict[str, Any]]:
 class ChatStream:
     """Iterate chunks; `route` is known at once, `usage`/`cost_usd` once the stream has ended."""
 
-    def __init__(self, response: httpx.Response) -> None:
+    def __init__(self, response: httpx.Response, read_timeout: float | None = None) -> None:
         self._response = response
+        self._read_timeout = read_timeout
         self.route = Route.from_headers(response.headers)
         self.usage: dict[str, Any] | None = None
         self.cost_usd: Decimal | None = None
@@ -163,9 +247,13 @@ class ChatStream:
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         try:
-            for chunk in _events(self._response.iter_lines()):
-                self._observe(chunk)
-                yield chunk
+            with _timeouts("POST", "/v1/chat/completions", self._read_timeout):
+                for chunk in _events(self._response.iter_lines()):
+                    self._observe(chunk)
+                    yield chunk
+        except PolyrouteTimeout as exc:
+            exc.request_id = self.route.request_id  # the headers arrived: the call has an id
+            raise
         finally:
             self._response.close()
 
@@ -174,13 +262,18 @@ class ChatStream:
 
 
 class Client:
-    """Synchronous client. `Client(base_url, api_key)`; the key defaults to $POLYROUTE_API_KEY."""
+    """Synchronous client. `Client(base_url, api_key)`; the key defaults to $POLYROUTE_API_KEY.
+
+    `timeout` (seconds, or an `httpx.Timeout`) bounds each connect and each read. The default
+    outlasts the gateway's own request deadline, so the gateway's answer (or its 504) arrives; a
+    shorter one raises `PolyrouteTimeout` while the gateway may still finish and bill the call.
+    """
 
     def __init__(
         self,
         base_url: str | None = None,
         api_key: str | None = None,
-        timeout: float = 120.0,
+        timeout: float | httpx.Timeout = DEFAULT_TIMEOUT_S,
         admin_key: str | None = None,
     ) -> None:
         self.base_url = (base_url or default_base_url()).rstrip("/")
@@ -193,6 +286,24 @@ class Client:
         if not key:
             raise PolyrouteError(401, f"no {'admin' if admin else 'API'} key given to the client")
         return {"authorization": f"Bearer {key}"}
+
+    def _request(
+        self,
+        method: str,
+        path: str,
+        *,
+        json: Any = None,
+        params: dict[str, Any] | None = None,
+        headers: dict[str, str] | None = None,
+        admin: bool = False,
+    ) -> httpx.Response:
+        """Send one request and return its answer; an error answer raises PolyrouteError."""
+        with _timeouts(method, path, self._http.timeout.read):
+            response = self._http.request(
+                method, path, json=json, params=params, headers=headers or self._headers(admin)
+            )
+        _raise_for(response)
+        return response
 
     def chat(
         self,
@@ -207,22 +318,42 @@ class Client:
         body = _chat_body(messages, model, stream, params)
         headers = _with_explain(self._headers(), explain)
         if not stream:
-            response = self._http.post("/v1/chat/completions", json=body, headers=headers)
-            _raise_for(response)
+            response = self._request("POST", "/v1/chat/completions", json=body, headers=headers)
             return ChatResult(response.json(), Route.from_headers(response.headers))
         request = self._http.build_request("POST", "/v1/chat/completions", json=body, headers=headers)
-        response = self._http.send(request, stream=True)
-        if response.status_code >= 400:
-            response.read()
-            _raise_for(response)
-        return ChatStream(response)
+        with _timeouts("POST", "/v1/chat/completions", self._http.timeout.read):
+            response = self._http.send(request, stream=True)
+            if response.status_code >= 400:
+                response.read()
+        _raise_for(response)
+        return ChatStream(response, self._http.timeout.read)
 
     def models(self) -> list[dict[str, Any]]:
-        response = self._http.get("/v1/models", headers=self._headers())
-        _raise_for(response)
-        return response.json()["data"]
+        return self._request("GET", "/v1/models").json()["data"]
+
+    def feedback(
+        self,
+        request_id: str,
+        score: float | None = None,
+        thumbs: str | None = None,
+        comment: str | None = None,
+    ) -> dict[str, Any]:
+        """Rate one of your tenant's answers (`POST /v1/feedback`), by its request id
+        (`result.route.request_id`): exactly one of `score` (0 bad .. 1 good) or `thumbs`
+        ("up"/"down"). Returns {"request_id", "worker", "score"}; an unknown id is a 404."""
+        body = _feedback_body(request_id, score, thumbs, comment)
+        return self._request("POST", "/v1/feedback", json=body).json()
 
     # ---- retrieval collections (the tenant's own) ---------------------------------------------
+    def list_collections(self) -> list[dict[str, Any]]:
+        """The tenant's collections with their counts (`GET /v1/collections`). A collection that
+        cannot be opened now is listed with `"status": "locked"` and a `message`."""
+        return self._request("GET", "/v1/collections").json()["data"]
+
+    def get_collection(self, collection: str) -> dict[str, Any]:
+        """One collection's counts, embedder and backend (`GET /v1/collections/{name}`)."""
+        return self._request("GET", f"/v1/collections/{_segment(collection)}").json()
+
     def add_documents(
         self, collection: str, documents: list[dict[str, Any]], delete: list[str] | None = None
     ) -> dict[str, Any]:
@@ -230,40 +361,51 @@ class Client:
         body: dict[str, Any] = {"documents": documents}
         if delete:
             body["delete"] = delete
-        response = self._http.post(
-            f"/v1/collections/{collection}/documents", json=body, headers=self._headers()
-        )
-        _raise_for(response)
-        return response.json()
+        return self._request("POST", f"/v1/collections/{_segment(collection)}/documents", json=body).json()
+
+    def list_documents(self, collection: str, limit: int = 100, after: str = "") -> dict[str, Any]:
+        """One page of ids, titles and summaries, ordered by id: {"data", "has_more"}. For the next
+        page pass the last id as `after` (`GET /v1/collections/{name}/documents`)."""
+        path = f"/v1/collections/{_segment(collection)}/documents"
+        return self._request("GET", path, params={"limit": limit, "after": after}).json()
+
+    def get_document(self, collection: str, doc_id: str, level: int = 2, query: str = "") -> dict[str, Any]:
+        """A document's memory layer: 0 = index line (title, summary), 1 = the passage best
+        matching `query`, 2 = full text, chunks and metadata. An unknown id is a 404."""
+        params: dict[str, Any] = {"level": level}
+        if query:
+            params["query"] = query
+        return self._request("GET", _doc_path(collection, doc_id), params=params).json()
+
+    def delete_document(self, collection: str, doc_id: str) -> dict[str, Any]:
+        """Delete one document by id; an unknown id is a 404."""
+        return self._request("DELETE", _doc_path(collection, doc_id)).json()
 
     def search(
         self, collection: str, query: str, top_k: int = 10, mode: str = "bm25_dense"
     ) -> list[dict[str, Any]]:
         """Ranked chunks with both scores (`bm25_score`, `dense_score`)."""
-        response = self._http.post(
-            f"/v1/collections/{collection}/search",
-            json={"query": query, "top_k": top_k, "mode": mode},
-            headers=self._headers(),
-        )
-        _raise_for(response)
-        return response.json()["data"]
+        body = {"query": query, "top_k": top_k, "mode": mode}
+        return self._request("POST", f"/v1/collections/{_segment(collection)}/search", json=body).json()[
+            "data"
+        ]
 
     def delete_collection(self, collection: str) -> dict[str, Any]:
-        response = self._http.delete(f"/v1/collections/{collection}", headers=self._headers())
-        _raise_for(response)
-        return response.json()
+        """Delete a collection and its documents; an unknown name is a 404."""
+        return self._request("DELETE", f"/v1/collections/{_segment(collection)}").json()
 
+    def forget_session(self, session_id: str) -> dict[str, Any]:
+        """Forget a conversation's session memory (the turns stored for `metadata.session_id`);
+        a session with nothing stored is a 404 (`DELETE /v1/sessions/{session_id}`)."""
+        return self._request("DELETE", f"/v1/sessions/{_segment(session_id)}").json()
+
+    # ---- admin (the admin key) -------------------------------------------------------------------
     def create_key(self, tenant: str, name: str = "") -> dict[str, Any]:
-        response = self._http.post(
-            "/admin/keys", json={"tenant": tenant, "name": name}, headers=self._headers(admin=True)
-        )
-        _raise_for(response)
-        return response.json()
+        body = {"tenant": tenant, "name": name}
+        return self._request("POST", "/admin/keys", json=body, admin=True).json()
 
     def revoke_key(self, key_id: str) -> dict[str, Any]:
-        response = self._http.delete(f"/admin/keys/{key_id}", headers=self._headers(admin=True))
-        _raise_for(response)
-        return response.json()
+        return self._request("DELETE", f"/admin/keys/{_segment(key_id)}", admin=True).json()
 
     def close(self) -> None:
         self._http.close()
@@ -276,56 +418,151 @@ class Client:
 
 
 class AsyncClient:
-    """The same API for asyncio; streaming yields chunks from `chat_stream()`."""
+    """The same API for asyncio; streaming yields chunks from `chat_stream()`. `timeout` as in
+    `Client`: a timeout raises `PolyrouteTimeout`."""
 
     def __init__(
-        self, base_url: str | None = None, api_key: str | None = None, timeout: float = 120.0
+        self,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        timeout: float | httpx.Timeout = DEFAULT_TIMEOUT_S,
+        admin_key: str | None = None,
     ) -> None:
         self.base_url = (base_url or default_base_url()).rstrip("/")
         self.api_key = api_key or os.environ.get("POLYROUTE_API_KEY")
+        self.admin_key = admin_key or os.environ.get("POLYROUTE_ADMIN_KEY")
         self._http = httpx.AsyncClient(base_url=self.base_url, timeout=timeout)
 
-    def _headers(self) -> dict[str, str]:
-        if not self.api_key:
-            raise PolyrouteError(401, "no API key given to the client")
-        return {"authorization": f"Bearer {self.api_key}"}
+    def _headers(self, admin: bool = False) -> dict[str, str]:
+        key = self.admin_key if admin else self.api_key
+        if not key:
+            raise PolyrouteError(401, f"no {'admin' if admin else 'API'} key given to the client")
+        return {"authorization": f"Bearer {key}"}
+
+    async def _request(
+        self,
+        method: str,
+        path: str,
+        *,
+        json: Any = None,
+        params: dict[str, Any] | None = None,
+        headers: dict[str, str] | None = None,
+        admin: bool = False,
+    ) -> httpx.Response:
+        """Send one request and return its answer; an error answer raises PolyrouteError."""
+        with _timeouts(method, path, self._http.timeout.read):
+            response = await self._http.request(
+                method, path, json=json, params=params, headers=headers or self._headers(admin)
+            )
+        _raise_for(response)
+        return response
 
     async def chat(
         self, messages: list[dict[str, Any]], model: str = "auto", explain: bool = False, **params: Any
     ) -> ChatResult:
-        response = await self._http.post(
+        response = await self._request(
+            "POST",
             "/v1/chat/completions",
             json=_chat_body(messages, model, False, params),
             headers=_with_explain(self._headers(), explain),
         )
-        _raise_for(response)
         return ChatResult(response.json(), Route.from_headers(response.headers))
 
     async def chat_stream(
         self, messages: list[dict[str, Any]], model: str = "auto", explain: bool = False, **params: Any
     ) -> AsyncIterator[tuple[dict[str, Any], Route]]:
         body = _chat_body(messages, model, True, params)
-        async with self._http.stream(
-            "POST", "/v1/chat/completions", json=body, headers=_with_explain(self._headers(), explain)
-        ) as resp:
-            if resp.status_code >= 400:
-                await resp.aread()
-                _raise_for(resp)
-            route = Route.from_headers(resp.headers)
-            async for line in resp.aiter_lines():
-                for chunk in _events(iter((line,))):
-                    yield chunk, route
+        headers = _with_explain(self._headers(), explain)
+        route: Route | None = None
+        try:
+            with _timeouts("POST", "/v1/chat/completions", self._http.timeout.read):
+                async with self._http.stream(
+                    "POST", "/v1/chat/completions", json=body, headers=headers
+                ) as resp:
+                    if resp.status_code >= 400:
+                        await resp.aread()
+                        _raise_for(resp)
+                    route = Route.from_headers(resp.headers)
+                    async for line in resp.aiter_lines():
+                        for chunk in _events(iter((line,))):
+                            yield chunk, route
+        except PolyrouteTimeout as exc:
+            exc.request_id = route.request_id if route else None
+            raise
+
+    async def models(self) -> list[dict[str, Any]]:
+        return (await self._request("GET", "/v1/models")).json()["data"]
+
+    async def feedback(
+        self,
+        request_id: str,
+        score: float | None = None,
+        thumbs: str | None = None,
+        comment: str | None = None,
+    ) -> dict[str, Any]:
+        """Rate one of your tenant's answers by request id: exactly one of `score` (0..1) or
+        `thumbs` ("up"/"down"). See `Client.feedback`."""
+        body = _feedback_body(request_id, score, thumbs, comment)
+        return (await self._request("POST", "/v1/feedback", json=body)).json()
+
+    async def list_collections(self) -> list[dict[str, Any]]:
+        """The tenant's collections; one that cannot be opened now has `"status": "locked"`."""
+        return (await self._request("GET", "/v1/collections")).json()["data"]
+
+    async def get_collection(self, collection: str) -> dict[str, Any]:
+        """One collection's counts, embedder and backend."""
+        return (await self._request("GET", f"/v1/collections/{_segment(collection)}")).json()
+
+    async def add_documents(
+        self, collection: str, documents: list[dict[str, Any]], delete: list[str] | None = None
+    ) -> dict[str, Any]:
+        """Upsert documents ({"id", "text", "title"?, "metadata"?}) by id; `delete` removes ids."""
+        body: dict[str, Any] = {"documents": documents}
+        if delete:
+            body["delete"] = delete
+        path = f"/v1/collections/{_segment(collection)}/documents"
+        return (await self._request("POST", path, json=body)).json()
+
+    async def list_documents(self, collection: str, limit: int = 100, after: str = "") -> dict[str, Any]:
+        """One page {"data", "has_more"} of ids, titles and summaries; the next starts `after` the last id."""
+        path = f"/v1/collections/{_segment(collection)}/documents"
+        return (await self._request("GET", path, params={"limit": limit, "after": after})).json()
+
+    async def get_document(
+        self, collection: str, doc_id: str, level: int = 2, query: str = ""
+    ) -> dict[str, Any]:
+        """A document's memory layer: 0 index line, 1 passage for `query`, 2 full text and metadata."""
+        params: dict[str, Any] = {"level": level}
+        if query:
+            params["query"] = query
+        return (await self._request("GET", _doc_path(collection, doc_id), params=params)).json()
+
+    async def delete_document(self, collection: str, doc_id: str) -> dict[str, Any]:
+        """Delete one document by id; an unknown id is a 404."""
+        return (await self._request("DELETE", _doc_path(collection, doc_id))).json()
 
     async def search(
         self, collection: str, query: str, top_k: int = 10, mode: str = "bm25_dense"
     ) -> list[dict[str, Any]]:
-        response = await self._http.post(
-            f"/v1/collections/{collection}/search",
-            json={"query": query, "top_k": top_k, "mode": mode},
-            headers=self._headers(),
-        )
-        _raise_for(response)
-        return response.json()["data"]
+        """Ranked chunks with both scores (`bm25_score`, `dense_score`)."""
+        body = {"query": query, "top_k": top_k, "mode": mode}
+        path = f"/v1/collections/{_segment(collection)}/search"
+        return (await self._request("POST", path, json=body)).json()["data"]
+
+    async def delete_collection(self, collection: str) -> dict[str, Any]:
+        """Delete a collection and its documents; an unknown name is a 404."""
+        return (await self._request("DELETE", f"/v1/collections/{_segment(collection)}")).json()
+
+    async def forget_session(self, session_id: str) -> dict[str, Any]:
+        """Forget a conversation's session memory; a session with nothing stored is a 404."""
+        return (await self._request("DELETE", f"/v1/sessions/{_segment(session_id)}")).json()
+
+    async def create_key(self, tenant: str, name: str = "") -> dict[str, Any]:
+        body = {"tenant": tenant, "name": name}
+        return (await self._request("POST", "/admin/keys", json=body, admin=True)).json()
+
+    async def revoke_key(self, key_id: str) -> dict[str, Any]:
+        return (await self._request("DELETE", f"/admin/keys/{_segment(key_id)}", admin=True)).json()
 
     async def aclose(self) -> None:
         await self._http.aclose()
