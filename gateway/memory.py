@@ -41,6 +41,7 @@ from retrieval import (
     TEXT_DIRECTIVE,
     TOOL_NAME,
     TOOL_SPEC,
+    CollectionNotFound,
     DocumentInput,
     InvalidName,
     MemoryContext,
@@ -73,6 +74,9 @@ class MemoryPlan:
     # Set once the policy has admitted the request: returns why a text may not be shown to the
     # admitted workers (a stricter data class than the request's), or None.
     withhold: Callable[[str], str | None] | None = None
+    # the number of drops the store had made when the request began (`Retriever.generation`): a
+    # DELETE /v1/sessions after that forgets this turn too, so its background write is skipped
+    session_generation: int = 0
 
     def reveal(self, handle: str, level: object, query: str | None = None) -> str:
         """An expansion's text, unless the policy classes it above what this request was admitted for."""
@@ -158,6 +162,7 @@ async def plan(request: Request, state, tenant: str, chat: ChatCompletionRequest
     session = session_collection(session_id) if session_id else None
     if session is not None:
         sources.append((session, True))
+    generation = store.generation(tenant, session) if session is not None else 0  # before recall
     query = chat.last_user_text()
     try:
         with tracing.step("retrieval", **{"polyroute.collections": len(sources)}):
@@ -185,7 +190,15 @@ async def plan(request: Request, state, tenant: str, chat: ChatCompletionRequest
         ) from None
     if not context and session is None:
         return None
-    return MemoryPlan(context, store, tenant, settings.memory_max_expansions, session, query)
+    return MemoryPlan(
+        context,
+        store,
+        tenant,
+        settings.memory_max_expansions,
+        session,
+        query,
+        session_generation=generation,
+    )
 
 
 # ---------------------------------------------------------------------------------- requests
@@ -316,16 +329,28 @@ def _merge(rounds: list[Completion]) -> Completion:
 
 
 def _remember(state, memory: MemoryPlan, answer: str) -> None:
-    """Append this turn (user + answer) to the session's collection, off the request path."""
+    """Append this turn (user + answer) to the session's collection, off the request path.
+
+    A forget (DELETE /v1/sessions) that lands before this write, or while it waits, wins: the
+    turn belongs to the forgotten session and is not stored (`CollectionDropped`), rather than
+    re-creating the session the user just deleted. A forget after the write deletes the turn."""
     if memory.session is None:
         return
     question = memory.query
+    session = memory.session
 
     def write() -> None:
-        collection = memory.retriever.get(memory.tenant, memory.session, create=True, internal=True)
-        stamp = f"{time.time():.6f}"
-        title = "Turn: " + " ".join(question.split()[:10])
-        collection.ingest([DocumentInput(f"turn-{stamp}", f"User: {question}\nAssistant: {answer}", title)])
+        try:
+            collection = memory.retriever.get(
+                memory.tenant, session, create=True, internal=True, generation=memory.session_generation
+            )
+            stamp = f"{time.time():.6f}"
+            title = "Turn: " + " ".join(question.split()[:10])
+            collection.ingest(
+                [DocumentInput(f"turn-{stamp}", f"User: {question}\nAssistant: {answer}", title)]
+            )
+        except CollectionNotFound:  # dropped since the request began: forgotten, as asked
+            log.info("session turn not stored: the session was forgotten while it was answered")
 
     async def run() -> None:
         await asyncio.to_thread(write)

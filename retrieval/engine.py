@@ -618,6 +618,14 @@ class ClientPool:
         with self.lock:
             return bool(self.client.collection_exists(name))
 
+    def drop(self, name: str) -> bool:
+        """Delete a server collection; False if it did not exist (asked of the server: replicas
+        share it, so no replica's own view says whether it is there)."""
+        with self.lock:
+            if not self.client.collection_exists(name):
+                return False
+            return bool(self.client.delete_collection(name))
+
     def engine(self, name: str, dim: int) -> ClientEngine:
         engine = ClientEngine(self.client, name, dim, self.lock, indexes=self.mode == "server")
         engine.mode = self.mode

@@ -23,7 +23,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from retrieval.store import Collection, Retriever
+from retrieval.store import Collection, CollectionNotFound, Retriever
 from retrieval.text import clip_words, sentences, tokenize
 
 TOOL_NAME = "memory_expand"
@@ -237,8 +237,10 @@ def recall(
     """
     sources: dict[str, Collection] = {}
     for name, internal in collections:
-        if retriever.exists(tenant, name):
+        try:  # one call, not exists() then get(): a drop in between is a miss, not an error
             sources[name] = retriever.get(tenant, name, internal=internal)
+        except CollectionNotFound:
+            continue
     session = {name for name, internal in collections if internal}
 
     def search(text: str, exclude: set[str], limit: int, first: int) -> list[MemoryEntry]:

@@ -54,17 +54,26 @@ from retrieval.engine import (
     chunk_point_id,
     doc_point_id,
 )
-from retrieval.text import chunk_text, content_hash, normalize, summarize, title_from, tokenize
+from retrieval.text import chunk_text, clean, content_hash, normalize, summarize, title_from, tokenize
 
 # fullmatch, not match: with match, `$` also accepts a trailing newline ("docs\n")
 COLLECTION_NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,63}")
 SESSION_PREFIX = "_s-"  # session collections: a prefix no client-chosen name can have
 MODES = ("bm25_dense", "rrf", "bm25", "dense")
 MAX_DOC_ID = 512
+# Drops remembered for writes planned before them (Retriever.generation): an hour, far beyond any
+# request's life; pruned only once this many are remembered.
+DROPS_REMEMBERED_S = 3600.0
+DROPS_PRUNE_ABOVE = 1024
 
 
 class CollectionNotFound(KeyError):
     pass
+
+
+class CollectionDropped(CollectionNotFound):
+    """The collection was deleted while this call waited for it (or since the caller's turn began):
+    nothing was written, and nothing was re-created. A new call re-creates it where that is wanted."""
 
 
 class InvalidName(ValueError):
@@ -190,8 +199,17 @@ class Collection:
         self.meta = meta
         self.qdrant_name = qdrant_name(tenant, name)
         self.engine = engine
+        # Held by every write, and by `Retriever.drop` while it deletes: a delete waits for an
+        # in-flight write to finish, and a write that waited for a delete finds `dropped` set.
         self._write = threading.Lock()
+        self.dropped = False
         self._unoptimized = 0  # points written or deleted since the last optimize()
+
+    def _check_not_dropped(self) -> None:
+        """Called by each writer once it holds `_write`: after a drop the shard is closed and its
+        files are gone, so a write would fail half-way or re-create `meta.json` (a ghost collection)."""
+        if self.dropped:
+            raise CollectionDropped(self.name)
 
     @property
     def embedder(self) -> Embedder:
@@ -235,10 +253,13 @@ class Collection:
         """Validate and chunk one document (no writes): raises ValueError with a clear message."""
         if not isinstance(doc.id, str) or not doc.id.strip() or len(doc.id) > MAX_DOC_ID:
             raise ValueError(f"document id must be a non-empty string of at most {MAX_DOC_ID} characters")
-        text = normalize(doc.text or "").strip()
+        # The text is stored as sent (only lone surrogates replaced, outer whitespace trimmed): NFKC
+        # would turn "10⁻³" into "10−3" and "ﬁ" into "fi" in what layer 2 and hits give back. NFKC
+        # applies only to what is matched: the BM25 tokens (`tokenize`) and the embedding input.
+        text = clean(doc.text or "").strip()
         if not text:
             raise ValueError(f"document {doc.id!r} has no text")
-        title = normalize(doc.title).strip() if doc.title else title_from(text, doc.id)
+        title = clean(doc.title).strip() if doc.title else title_from(text, doc.id)
         config = self.retriever.config
         digest = content_hash(
             title,
@@ -259,6 +280,7 @@ class Collection:
         prepared = [self.prepare(d) for d in docs]
         results: list[IngestResult] = []
         with self._write:
+            self._check_not_dropped()
             records = self.engine.retrieve(
                 [doc_point_id(doc.id) for doc, _, _ in prepared], ["doc", "hash", "chunks"]
             )
@@ -281,8 +303,8 @@ class Collection:
                 return results
             texts, token_lists, owners = [], [], []
             for doc, digest, chunks in todo:
-                for chunk in chunks:
-                    texts.append(f"{doc.title}. {chunk.text}" if doc.title else chunk.text)
+                for chunk in chunks:  # the model reads the NFKC form, as queries are (`_ranked`)
+                    texts.append(normalize(f"{doc.title}. {chunk.text}" if doc.title else chunk.text))
                     token_lists.append(tokenize(f"{doc.title} {chunk.text}" if doc.title else chunk.text))
                     owners.append((doc, digest, chunk))
             started = time.perf_counter()
@@ -351,6 +373,7 @@ class Collection:
     def delete(self, doc_ids: list[str]) -> list[str]:
         """Delete documents (all their chunks); returns the ids that existed."""
         with self._write:
+            self._check_not_dropped()
             records = self.engine.retrieve([doc_point_id(d) for d in doc_ids], ["doc"])
             found = [d for d in dict.fromkeys(doc_ids) if doc_point_id(d) in records]
             if not found:
@@ -363,6 +386,7 @@ class Collection:
     def optimize(self) -> None:
         """Build the HNSW/sparse indexes of the embedded shard now (after a bulk ingest)."""
         with self._write:
+            self._check_not_dropped()
             self.engine.optimize()
             self._unoptimized = 0
 
@@ -523,7 +547,13 @@ def qdrant_name(tenant: str, name: str) -> str:
 
 
 class Retriever:
-    """All collections of one data dir (embedded Qdrant Edge shards) or of one Qdrant server."""
+    """All collections of one data dir (embedded Qdrant Edge shards) or of one Qdrant server.
+
+    Deletes and writes of one collection are ordered (`drop`): a delete waits for the write in
+    flight, and a write that lost the race writes nothing. On a server shared by replicas
+    (`QDRANT_URL`), another replica may delete a collection this one has open: `get` and `exists`
+    ask the server, so this replica then reports it missing (404) or creates it afresh.
+    """
 
     def __init__(self, config: RetrievalConfig) -> None:
         self.config = config
@@ -531,6 +561,12 @@ class Retriever:
         self._pool: ClientPool | None = None
         self._open: dict[tuple[str, str], Collection] = {}
         self._lock = threading.RLock()
+        # (tenant, name) → set while `drop` deletes it: `get` and other drops of it wait for that
+        self._dropping: dict[tuple[str, str], threading.Event] = {}
+        # drops in this process, numbered (see `generation`): the last drop of each (tenant, name), with
+        # when it happened; forgotten after DROPS_REMEMBERED_S, far longer than any request lives
+        self._drop_count = 0
+        self._drops: dict[tuple[str, str], tuple[int, float]] = {}
 
     @property
     def pool(self) -> ClientPool | None:
@@ -561,6 +597,7 @@ class Retriever:
         }
 
     def _save_meta(self, collection: Collection) -> None:
+        collection._check_not_dropped()  # never re-create a dropped collection's meta.json
         if self.pool is not None:
             collection.engine.upsert([PointData(META_POINT, {"kind": "meta", "meta": collection.meta})])
             return
@@ -572,64 +609,107 @@ class Retriever:
     def _dim(self, embedder: str) -> int:
         return shared_embedder(embedder).dim
 
-    def get(self, tenant: str, name: str, create: bool = False, internal: bool = False) -> Collection:
-        check_name(name, internal=internal)
+    def generation(self, tenant: str, name: str) -> int:
+        """The number of drops this process has made so far: a caller that will write to the
+        collection later (a chat turn's background write to its session) reads it first and passes it
+        to `get`, so a delete in between (DELETE /v1/sessions) is not undone by that write. Local to
+        this process."""
         with self._lock:
-            opened = self._open.get((tenant, name))
-            if opened is not None:
-                # The common case, an open shard, returns at once: it must not wait here, under the
-                # Retriever's lock, for a long call (an ingest, an optimise) another thread is making.
-                if isinstance(opened.engine, EdgeEngine):
-                    if not opened.engine.is_open:
-                        opened.engine.ensure_open()
-                    self._bound_open_shards(keep=opened)  # never waits: a busy shard is skipped
-                return opened
-            directory = self._dir(tenant, name)
+            return self._drop_count
+
+    def get(
+        self,
+        tenant: str,
+        name: str,
+        create: bool = False,
+        internal: bool = False,
+        generation: int | None = None,
+    ) -> Collection:
+        """The collection, opened on first use; `create` makes a missing one.
+
+        Raises CollectionNotFound when it is missing (and not `create`), and CollectionDropped when
+        `generation` (from `generation()`) is older than a drop of it: the caller's write is moot.
+        Waits while the collection is being dropped, so it never hands out what a drop deletes."""
+        check_name(name, internal=internal)
+        key = (tenant, name)
+        while True:
+            with self._lock:
+                pending = self._dropping.get(key)
+                if pending is None:
+                    dropped = self._drops.get(key)
+                    if generation is not None and dropped is not None and dropped[0] > generation:
+                        raise CollectionDropped(name)
+                    opened = self._open.get(key)
+                    if opened is None:
+                        return self._open_new(tenant, name, create)
+                    if isinstance(opened.engine, EdgeEngine):
+                        # The common case, an open shard, returns at once: it must not wait here, under
+                        # the Retriever's lock, for a long call (an ingest, an optimise) another thread
+                        # is making. Embedded shards are this process's own: no other replica drops them.
+                        if not opened.engine.is_open:
+                            opened.engine.ensure_open()
+                        self._bound_open_shards(keep=opened)  # never waits: a busy shard is skipped
+                        return opened
+            if pending is not None:
+                pending.wait()
+                continue
+            # A server collection this replica has open: another replica may have dropped it. One
+            # round trip (outside the lock), on the server path only; a dropped one is forgotten
+            # here and the next turn of the loop re-creates it or raises CollectionNotFound.
+            # (Tested with qdrant-client's in-process mode standing in for the server.)
             pool = self.pool
-            if pool is not None:
-                qname = qdrant_name(tenant, name)
-                legacy_dir = self._legacy(tenant, name)
-                if not pool.exists(qname) and not create and legacy_dir is None:
-                    raise CollectionNotFound(name)
+            if pool is None or pool.exists(opened.qdrant_name):
+                return opened
+            with self._lock:
+                if self._open.get(key) is opened:
+                    del self._open[key]
+
+    def _open_new(self, tenant: str, name: str, create: bool) -> Collection:
+        """Open (or, with `create`, make) a collection not open here yet; the caller holds `_lock`."""
+        directory = self._dir(tenant, name)
+        pool = self.pool
+        if pool is not None:
+            qname = qdrant_name(tenant, name)
+            legacy_dir = self._legacy(tenant, name)
+            if not pool.exists(qname) and not create and legacy_dir is None:
+                raise CollectionNotFound(name)
+            meta = self._new_meta(tenant, name)
+            engine = pool.engine(qname, self._dim(meta["embedder"]))
+            stored = engine.retrieve([META_POINT]).get(META_POINT)
+            collection = Collection(self, tenant, name, directory, stored["meta"] if stored else meta, engine)
+            if stored is None:
+                self._save_meta(collection)
+            if legacy_dir is not None:  # this replica's first-layout copy: into the shared collection
+                from retrieval.migrate import migrate_collection
+
+                migrate_collection(collection, self.config.migration_progress)
+        else:
+            meta_path = directory / "meta.json"
+            if meta_path.exists():
+                meta = orjson.loads(meta_path.read_bytes())
+            elif create:
+                directory.mkdir(parents=True, exist_ok=True)
                 meta = self._new_meta(tenant, name)
-                engine = pool.engine(qname, self._dim(meta["embedder"]))
-                stored = engine.retrieve([META_POINT]).get(META_POINT)
-                collection = Collection(
-                    self, tenant, name, directory, stored["meta"] if stored else meta, engine
-                )
-                if stored is None:
-                    self._save_meta(collection)
-                if legacy_dir is not None:  # this replica's first-layout copy: into the shared collection
+            else:
+                raise CollectionNotFound(name)
+            legacy = meta.get("layout", 1) < LAYOUT
+            engine = EdgeEngine(
+                directory, self._dim(meta["embedder"]), search_threads=self.config.search_threads
+            )
+            collection = Collection(self, tenant, name, directory, meta, engine)
+            try:
+                if legacy:
                     from retrieval.migrate import migrate_collection
 
                     migrate_collection(collection, self.config.migration_progress)
-            else:
-                meta_path = directory / "meta.json"
-                if meta_path.exists():
-                    meta = orjson.loads(meta_path.read_bytes())
-                elif create:
-                    directory.mkdir(parents=True, exist_ok=True)
-                    meta = self._new_meta(tenant, name)
-                else:
-                    raise CollectionNotFound(name)
-                legacy = meta.get("layout", 1) < LAYOUT
-                engine = EdgeEngine(
-                    directory, self._dim(meta["embedder"]), search_threads=self.config.search_threads
-                )
-                collection = Collection(self, tenant, name, directory, meta, engine)
-                try:
-                    if legacy:
-                        from retrieval.migrate import migrate_collection
-
-                        migrate_collection(collection, self.config.migration_progress)
-                    elif not meta_path.exists():
-                        self._save_meta(collection)  # the collection exists from here on
-                except BaseException:
-                    engine.close()  # release the shard: the next open tries again
-                    raise
-            self._open[(tenant, name)] = collection
-            self._bound_open_shards(keep=collection)
-            return collection
+                elif not meta_path.exists():
+                    self._save_meta(collection)  # the collection exists from here on
+            except BaseException:
+                engine.close()  # release the shard: the next open tries again
+                raise
+        self._open[(tenant, name)] = collection
+        self._bound_open_shards(keep=collection)
+        return collection
 
     def _bound_open_shards(self, keep: Collection) -> None:
         """Suspend the least recently used embedded shards beyond `max_open_shards` (never `keep`,
@@ -659,12 +739,8 @@ class Retriever:
         return directory if meta.get("layout", 1) < LAYOUT else None
 
     def exists(self, tenant: str, name: str) -> bool:
-        if self.pool is not None:
-            return (
-                (tenant, name) in self._open
-                or self.pool.exists(qdrant_name(tenant, name))
-                or self._legacy(tenant, name) is not None
-            )
+        if self.pool is not None:  # the server, not this replica's cache: another may have dropped it
+            return self.pool.exists(qdrant_name(tenant, name)) or self._legacy(tenant, name) is not None
         return (self._dir(tenant, name) / "meta.json").exists()
 
     def names(self, tenant: str, sessions: bool = False) -> list[str]:
@@ -681,27 +757,67 @@ class Retriever:
         return sorted(n for n in found if sessions or not n.startswith(SESSION_PREFIX))
 
     def drop(self, tenant: str, name: str, internal: bool = False) -> bool:
+        """Delete the collection; False if there was none. When it returns, the collection is gone.
+
+        A write in flight on this process finishes first (the drop waits for the collection's write
+        lock, not holding the Retriever's lock, so other collections stay usable meanwhile); a write
+        that starts later finds the collection dropped and writes nothing (`CollectionDropped`); a
+        `get` of it waits until the drop is done. The drop counts as a new `generation` even when
+        nothing existed: a session turn answered before a forget is not stored after it."""
         check_name(name, internal=internal)
-        with self._lock:
-            collection = self._open.pop((tenant, name), None)
-            if self.pool is not None:
-                qname = qdrant_name(tenant, name)
-                legacy = self._legacy(tenant, name)
-                if legacy is not None:  # never migrated: its first-layout files go too
-                    (legacy / "meta.json").unlink(missing_ok=True)
-                    shutil.rmtree(legacy, ignore_errors=True)
-                if collection is None and not self.pool.exists(qname):
-                    return legacy is not None
-                (collection.engine if collection else self.pool.engine(qname, 1)).drop()
-                return True
-            directory = self._dir(tenant, name)
-            if collection is None and not (directory / "meta.json").exists():
-                return False
+        key = (tenant, name)
+        done = threading.Event()
+        while True:
+            with self._lock:
+                other = self._dropping.get(key)
+                if other is None:
+                    self._dropping[key] = done
+                    self._remember_drop(key)
+                    collection = self._open.pop(key, None)
+                    break
+            other.wait()  # a concurrent drop of the same collection: then this one finds it gone
+        try:
             if collection is not None:
-                collection.close()
-            (directory / "meta.json").unlink(missing_ok=True)  # gone for readers before the files go
-            shutil.rmtree(directory, ignore_errors=True)
-            return True
+                with collection._write:
+                    collection.dropped = True
+                    collection.close()
+            return self._remove(tenant, name, had_open=collection is not None)
+        finally:
+            with self._lock:
+                del self._dropping[key]
+            done.set()
+
+    def _remember_drop(self, key: tuple[str, str]) -> None:
+        """Number this drop (the caller holds `_lock`). Drops older than DROPS_REMEMBERED_S are
+        forgotten once many are remembered: no write planned before them is still waiting (a request
+        lives POLYROUTE_REQUEST_TIMEOUT_S at most), and a gateway forgetting a session a second
+        keeps one entry per session otherwise."""
+        now = time.monotonic()
+        self._drop_count += 1
+        self._drops.pop(key, None)  # re-inserted last: the dict stays in drop order
+        self._drops[key] = (self._drop_count, now)
+        if len(self._drops) > DROPS_PRUNE_ABOVE:
+            for old, (_, at) in list(self._drops.items())[:-1]:  # never this drop
+                if now - at < DROPS_REMEMBERED_S:
+                    break
+                del self._drops[old]
+
+    def _remove(self, tenant: str, name: str, had_open: bool) -> bool:
+        """Delete the collection's data (server collection, shard directory, first-layout files)."""
+        pool = self.pool
+        if pool is not None:
+            legacy = self._legacy(tenant, name)
+            if legacy is not None:  # never migrated: its first-layout files go too
+                (legacy / "meta.json").unlink(missing_ok=True)
+                shutil.rmtree(legacy, ignore_errors=True)
+            # the server says whether it existed: this replica's cache may be stale
+            return pool.drop(qdrant_name(tenant, name)) or legacy is not None
+        directory = self._dir(tenant, name)
+        if not had_open and not (directory / "meta.json").exists():
+            return False
+        (directory / "meta.json").unlink(missing_ok=True)  # gone for readers before the files go
+        shutil.rmtree(directory, ignore_errors=True)
+        return True
 
     def close(self) -> None:
         with self._lock:

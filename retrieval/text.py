@@ -56,14 +56,22 @@ def _stem(word: str) -> str:
     return _stemmer(word)
 
 
-def normalize(text: str) -> str:
-    """NFKC and lone surrogates replaced (they would break the tokenizers and JSON)."""
-    text = unicodedata.normalize("NFKC", text)
+def clean(text: str) -> str:
+    """The text as given, with lone surrogates replaced (they would break the tokenizers and JSON).
+
+    What is stored and shown (a document's full text, its chunks, its title) goes through this
+    only: the user gets back what they sent."""
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
         text = text.encode("utf-8", "replace").decode("utf-8")
     return text
+
+
+def normalize(text: str) -> str:
+    """NFKC, then `clean`: what is matched (BM25 tokens, the embedding model's input), never what is
+    stored, so "ﬁnal", "ＡＢＣ" and "final", "ABC" match each other and are still stored as sent."""
+    return clean(unicodedata.normalize("NFKC", text))
 
 
 def tokenize(text: str) -> list[str]:
@@ -238,7 +246,7 @@ def extract(name: str, data: bytes) -> tuple[str, str | None]:
         text, title = html_to_text(_decode(data, name))
     else:
         text, title = _decode(data, name), None
-    text = normalize(text).strip()
+    text = clean(text).strip()  # as in the file: NFKC is for matching only (`normalize`)
     if not text:
         raise ExtractionError(f"{name}: no text in the file")
     return text, title
