@@ -75,7 +75,8 @@ def normalize(text: str) -> str:
 
 
 def tokenize(text: str) -> list[str]:
-    """Lower-cased word tokens (any script), stop words dropped, Snowball-stemmed."""
+    """Lower-cased word tokens (runs of word characters in any script: a Chinese or Japanese clause,
+    written without spaces, is one token), stop words dropped, Snowball-stemmed."""
     global _stemmer
     if _stemmer is None:
         _stemmer = _Stemmer()
