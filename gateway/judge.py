@@ -15,8 +15,9 @@ What keeps it safe and cheap:
 - its own daily budget per tenant, reserved before the call and settled with the actual cost through
   the same budget store as tenants' budgets (key `judge:<tenant>`, shared by replicas over Redis), so
   concurrent grades cannot overspend it; the tenant's own budget is neither charged nor consulted;
-- a reply without a parsable score is no label: what the call cost is still written, as a
-  FeedbackRecord of source "judge_unscored" with no score, which training skips.
+- a paid call that gives no label (a reply without a parsable score, or a grade dropped because
+  judging was turned off while the judge answered) still has its cost written, as a FeedbackRecord
+  of source "judge_unscored" with no score, which training skips.
 Outcomes are counted in `polyroute_judge_total{tenant,outcome}`, spend in
 `polyroute_judge_cost_usd_total{tenant}`.
 """
@@ -235,7 +236,15 @@ class Judge:
         await budgets.settle(hold, spent)
         state.metrics.judge_cost.labels(job.tenant).inc(float(completion.cost_usd))
         score = parse_score(completion_text(completion.body))
-        if score is None:  # paid all the same: its cost goes to the ledger, as a record that is no label
+        # An unparsable reply, or a grade dropped because judging was turned off while the judge
+        # answered, was paid all the same: its cost goes to the ledger as a record that is no label,
+        # so the ledger accounts for every call the judge's budget was charged for.
+        dropped: str | None = None
+        if score is None:
+            dropped = "unparsable"
+        elif _settings(state, job.tenant) is None:  # judging was turned off while the judge answered
+            dropped = "disabled"
+        if dropped is not None:
             state.ledger.record_feedback(
                 FeedbackRecord(
                     job.request_id,
@@ -247,9 +256,7 @@ class Judge:
                     cost_micros=spent,
                 )
             )
-            return "unparsable"
-        if _settings(state, job.tenant) is None:  # judging was turned off while the judge answered
-            return "disabled"
+            return dropped
         state.ledger.record_feedback(
             FeedbackRecord(
                 job.request_id,

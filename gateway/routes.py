@@ -19,7 +19,7 @@ from gateway.errors import APIError, JSONResponse
 from gateway.keys import KeyNotFound
 from gateway.ledger import FeedbackRecord
 from gateway.state import AppState
-from gateway.store import StoreUnavailable
+from gateway.store import StoreUnavailable, find_request
 from policies import Kind, PolicyError, PolicyNotWritable, PolicyRequest, PolicyRequestError, Spend, Worker
 from router import list_versions
 from router.learned import resolve_cost_weight
@@ -390,23 +390,24 @@ class Feedback(BaseModel):
 
 @router.post("/v1/feedback", status_code=201)
 async def feedback(request: Request) -> JSONResponse:
-    """How good an answer was: stored in the ledger, joined to its request when the router retrains."""
+    """How good an answer was: stored in the ledger, joined to its request when the router retrains.
+
+    Feedback sent right after an answer may arrive before the request's record (a stream's is written
+    after its last chunk; another replica flushes its records to Redis every few hundred ms), so an id
+    not found yet is waited for, up to `feedback_wait_s`, before the 404 that says it does not exist.
+    Another tenant's id gets the same 404 after the same wait: its existence is not confirmed."""
     state = _state(request)
     key = await state.auth.client(request)
     body = await read_model(request, Feedback, 64 * 1024)
     try:
-        found = await asyncio.to_thread(state.ledger.lookup, body.request_id)
+        found = await find_request(state.ledger, body.request_id, key.tenant, state.settings.feedback_wait_s)
     except StoreUnavailable as exc:
         raise _store_down("the ledger", exc) from None
     if found is None:
         raise APIError(
             404, f"no request with id {body.request_id!r}", type="not_found_error", code="request_not_found"
         )
-    tenant, worker = found
-    if tenant != key.tenant:  # the same answer as an unknown id: ids of other tenants are not confirmed
-        raise APIError(
-            404, f"no request with id {body.request_id!r}", type="not_found_error", code="request_not_found"
-        )
+    _, worker = found
     state.ledger.record_feedback(FeedbackRecord(body.request_id, key.tenant, body.value, worker))
     return JSONResponse(
         {"request_id": body.request_id, "worker": worker, "score": body.value}, status_code=201

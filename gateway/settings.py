@@ -71,6 +71,14 @@ class Settings(BaseModel):
         50_000, ge=100, description="ledger records kept in memory while Redis is unreachable"
     )
     store_flush_interval_s: float = Field(0.2, gt=0, description="how often buffered ledger/spend is sent")
+    feedback_wait_s: float = Field(
+        2.0,
+        ge=0,
+        le=60,
+        description="how long POST /v1/feedback waits for a request id it cannot find yet (a stream's "
+        "record is written after its last chunk, another replica's at its next flush) before 404; keep "
+        "it several times store_flush_interval_s",
+    )
     responses_ttl_s: float = Field(
         30 * 86_400,
         gt=0,

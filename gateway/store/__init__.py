@@ -12,14 +12,18 @@
 BREAKER_THRESHOLD in a row or one failed health probe, not one slow reply (REDIS_TIMEOUT_S is
 generous for a loaded machine). A reply error (Redis answered that our script or data is wrong)
 is not "down": it fails only the request that hit it (500 `store_error`) and is logged once per kind.
+
+A request's ledger record may be written a moment after its answer (a stream's when it is settled,
+a replica's when it next flushes to Redis); `find_request` lets the feedback endpoint wait for it.
 """
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from pathlib import Path
 
-from gateway.ledger import Ledger
+from gateway.ledger import Ledger, RequestRecord
 from gateway.store.budgets import (
     BudgetExceeded,
     Budgets,
@@ -40,7 +44,7 @@ from gateway.store.health import (
     is_unavailable,
     sync_client,
 )
-from gateway.store.ledger_redis import RedisLedger
+from gateway.store.ledger_redis import Arrivals, RedisLedger
 from gateway.store.ratelimit import Limit, Limiter, MemoryLimiter, RedisLimiter, Verdict
 
 __all__ = [
@@ -57,9 +61,66 @@ __all__ = [
     "Stores",
     "Verdict",
     "cache_key",
+    "find_request",
     "open_stores",
     "to_micros",
 ]
+
+
+class LocalLedger(Ledger):
+    """The file ledger of a single gateway, telling a feedback that waits for a request id when that
+    request is recorded (`Arrivals`). Nothing else writes this ledger, so such a wait needs no polling."""
+
+    shared = False
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path)
+        self.arrivals = Arrivals()
+
+    def record_request(self, record: RequestRecord) -> None:
+        super().record_request(record)
+        self.arrivals.arrived(record.id)
+
+
+# Polling the Redis index for a record another replica has not flushed yet: the first re-check soon
+# (a record written here wakes the wait at once anyway), then doubling up to about two flush
+# intervals, so a long wait costs a few Redis reads, not one per millisecond.
+FIRST_POLL_S = 0.01
+MAX_POLL_S = 0.4
+
+
+async def find_request(
+    ledger: LocalLedger | RedisLedger, request_id: str, tenant: str, wait_s: float
+) -> tuple[str, str | None] | None:
+    """(tenant, worker) of `tenant`'s request `request_id`, waiting up to `wait_s` seconds for its
+    record; None if it is still unknown, or another tenant's, by then.
+
+    The feedback a client sends right after its answer can come before the request's record: a
+    stream's is written when its budget is settled, after the last chunk, and a replica keeps its
+    records in memory until it next flushes them to Redis, where another replica finds them. A 404
+    then would tell the client the request does not exist, and it would drop the feedback. So an id
+    not found is looked for again — when it is recorded here (an event) and, with Redis, every so
+    often in the index (exponential backoff) — until the deadline. Another tenant's id takes exactly
+    the same path as an unknown one, wait included, so neither the answer nor its timing confirms it
+    exists. Every wait is an asyncio wait: the event loop keeps serving meanwhile. Raises
+    StoreUnavailable when Redis cannot be read."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + wait_s
+    poll = FIRST_POLL_S
+    with ledger.arrivals.watch(request_id) as recorded:  # before the first look: no arrival missed
+        while True:
+            found = await asyncio.to_thread(ledger.lookup, request_id)
+            if found is not None and found[0] == tenant:
+                return found
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return None
+            try:
+                await asyncio.wait_for(recorded.wait(), min(poll, remaining) if ledger.shared else remaining)
+            except TimeoutError:
+                pass
+            recorded.clear()  # a foreign id recorded meanwhile must not turn the wait into a busy loop
+            poll = min(poll * 2, MAX_POLL_S)
 
 
 @dataclass
@@ -67,7 +128,7 @@ class Stores:
     budgets: Budgets
     limiter: Limiter
     cache: ResponseCache
-    ledger: Ledger | RedisLedger
+    ledger: LocalLedger | RedisLedger
     breaker: Breaker | None = None  # the Redis breaker, None in-process
     redis: object | None = None  # the asyncio client (closed at shutdown)
 
@@ -110,7 +171,7 @@ def open_stores(data_dir: Path, redis_url: str | None, ledger_buffer_max: int = 
             budgets=MemoryBudgets(data_dir / "spend.json"),
             limiter=MemoryLimiter(),
             cache=MemoryCache(),
-            ledger=Ledger(data_dir / "ledger.jsonl"),
+            ledger=LocalLedger(data_dir / "ledger.jsonl"),
         )
     import redis.asyncio
 

@@ -5,16 +5,23 @@ buffer that a background task sends in batches (`flush()`). While Redis is unrea
 holds up to `buffer_max` records (oldest dropped beyond that, counted and logged); at shutdown
 whatever could not be sent is written to `<data dir>/ledger-unsent.jsonl` and sent on the next
 start, so a brief outage or a restart during one loses nothing.
+
+A request's record therefore reaches Redis up to one flush interval after its answer, and a record
+buffered in another replica is invisible here until then: the feedback endpoint waits for an id it
+cannot find yet (gateway.store.find_request), woken by `Arrivals` when the record is written here
+and polling the Redis index for one written elsewhere.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
 import threading
 from collections import deque
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 
@@ -29,7 +36,50 @@ INDEX_TTL_S = 90 * 86400  # feedback is accepted for 90 days after the request
 BATCH = 500
 
 
+class Arrivals:
+    """Wakes whoever waits for a request id (a feedback that arrived before its request's record)
+    when that record is written to this process's ledger, so the wait ends at once rather than at the
+    next poll. A record may be written off the event loop (the ledger is a thread-safe object), so a
+    waiter is woken through its own loop's ``call_soon_threadsafe``. Waiters exist only while a
+    feedback request waits: nothing is kept per request recorded."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._waiters: dict[str, list[tuple[asyncio.AbstractEventLoop, asyncio.Event]]] = {}
+
+    def arrived(self, request_id: str) -> None:
+        """The record of `request_id` was just written here: wake its waiters."""
+        with self._lock:
+            waiters = list(self._waiters.get(request_id, ()))
+        for loop, event in waiters:
+            try:
+                loop.call_soon_threadsafe(event.set)
+            except RuntimeError:  # that loop has closed (shutdown): nobody is left to wake
+                pass
+
+    @contextmanager
+    def watch(self, request_id: str) -> Iterator[asyncio.Event]:
+        """An event set when `request_id` is recorded here, for the duration of the block. Enter it
+        before looking the id up, so a record written between the look and the wait still wakes it."""
+        entry = (asyncio.get_running_loop(), asyncio.Event())
+        with self._lock:
+            self._waiters.setdefault(request_id, []).append(entry)
+        try:
+            yield entry[1]
+        finally:
+            with self._lock:
+                waiters = self._waiters.get(request_id, [])
+                if entry in waiters:
+                    waiters.remove(entry)
+                if not waiters:
+                    self._waiters.pop(request_id, None)
+
+
 class RedisLedger:
+    # Records written by other replicas reach this one only through the Redis index, which nothing
+    # signals: a feedback waiting for an id must poll (gateway.store.find_request).
+    shared = True
+
     def __init__(self, redis, breaker: Breaker, spill_path: Path | None, buffer_max: int = 50_000) -> None:
         self._redis = redis  # a synchronous client: flush() runs in a worker thread
         self.breaker = breaker
@@ -39,6 +89,7 @@ class RedisLedger:
         self._recent: dict[str, tuple[str, str | None]] = {}  # ids still in the buffer
         self._lock = threading.Lock()
         self.dropped = 0
+        self.arrivals = Arrivals()
         self._load_spill()
 
     # ---- writing ---------------------------------------------------------------------------
@@ -57,6 +108,8 @@ class RedisLedger:
             self._buffer.append(payload)
             if payload["type"] == "request":
                 self._recent[payload["id"]] = (payload["tenant"], payload.get("worker"))
+        if payload["type"] == "request":  # after the lock: lookup() now finds it
+            self.arrivals.arrived(payload["id"])
 
     def record_request(self, record: RequestRecord) -> None:
         self._enqueue(asdict(record))
