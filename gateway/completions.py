@@ -26,7 +26,7 @@ from gateway import caching, compose, memory, ratelimits, tracing
 from gateway.body import heavy_if, is_large, read_model
 from gateway.errors import APIError, error_response
 from gateway.judge import completion_text
-from gateway.ledger import RequestRecord, storable_query
+from gateway.ledger import RequestRecord, stored_query
 from gateway.schemas import ChatCompletionRequest
 from gateway.state import AppState
 from gateway.store import (
@@ -502,6 +502,7 @@ class Exchange:
     settled_micros: int = 0  # ... as the budget counted them (rounded up per settle)
     route: RouteRequest | None = None  # what the router saw: its choice is logged for offline evaluation
     cost_weight: float | None = None  # the λ in force for it (resolve_cost_weight under the router used)
+    cost_weight_source: str | None = None  # where that λ came from (router/learned.py COST_WEIGHT_SOURCES)
     degraded: compose.Composition | None = None  # a workflow answered in fast mode: traced as such
     # workers fast mode does not try: those the workflow `auto` chose already tried (compose.respond)
     skip: frozenset[str] = frozenset()
@@ -605,6 +606,7 @@ class Exchange:
                 state.stores.limiter, self.tenant, self.limits, total.prompt_tokens + total.completion_tokens
             )
         latency_ms = round((time.perf_counter() - self.started) * 1000, 2)
+        query = stored_query(self.chat.last_user_text(), self.admission.data_class)  # a long one: head, tail
         log_access(
             self.request_id,
             self.tenant,
@@ -631,7 +633,9 @@ class Exchange:
                 router_version=self.router_version,
                 data_class=self.admission.data_class,
                 fallbacks=tuple(f.worker for f in failures),
-                query=storable_query(self.chat.last_user_text(), self.admission.data_class),
+                query=query.text,
+                query_tail=query.tail,
+                query_chars=query.chars,
                 turns=self.chat.user_turns(),
                 trace=trace,
                 route=self._route_log(state) if strategy is None else None,  # not for a composed one
@@ -640,13 +644,18 @@ class Exchange:
         self.trace.settled(self, worker, status, strategy or self.decision.strategy, total.cost_usd, trace)
 
     def _route_log(self, state: AppState) -> dict | None:
-        """How the router chose this request's worker (router/routelog.py), when it chose."""
+        """How the router chose this request's worker (router/routelog.py), when it chose, with the λ
+        in force and its source: the replay keeps a λ the request, tenant or operator fixed, and
+        lets a candidate resolve its own otherwise."""
         if self.route is None:
             return None
-        weight = self.cost_weight
-        if weight is None:
-            weight = cost_weight_of(self.route, state.settings.cost_weight).value
-        return route_log(self.decision, self.route, (w.name for w in self.admission.pool), weight)
+        if self.cost_weight is None or self.cost_weight_source is None:
+            resolved = cost_weight_of(self.route, state.settings.cost_weight)
+            weight, source = resolved.value, resolved.source
+        else:
+            weight, source = self.cost_weight, self.cost_weight_source
+        pool = (w.name for w in self.admission.pool)
+        return route_log(self.decision, self.route, pool, weight, source)
 
 
 def log_access(
@@ -763,6 +772,7 @@ async def serve(request: Request, wire: Wire) -> Response:
         return refused(state, err, headers, wire)
     except StoreReplyError as exc:  # e.g. the rate-limit script: this request fails, nobody else
         return refused(state, store_reply_error(exc), headers, wire)
+    weight = cost_weight_of(route, state.settings.cost_weight, router)
     exchange = Exchange(
         request_id,
         key.tenant,
@@ -776,7 +786,8 @@ async def serve(request: Request, wire: Wire) -> Response:
         cache=cache_plan,
         memory=recalled,
         route=route,
-        cost_weight=cost_weight_of(route, state.settings.cost_weight, router).value,
+        cost_weight=weight.value,
+        cost_weight_source=weight.source,
         degraded=composition if composition.degraded else None,
         explain=request.headers.get(compose.TRACE_HEADER) == "1",
         wire=wire,

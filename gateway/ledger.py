@@ -2,7 +2,8 @@
 
 The embedded store appends to `<data dir>/ledger.jsonl` (the Redis ledger of the scale-out issue
 keeps the same records). The query text is kept only for data classes that may be stored
-(never PII or secrets), so training from traffic never copies personal data into the ledger.
+(never PII or secrets), so training from traffic never copies personal data into the ledger; a
+long query as its head and tail (:func:`stored_query`, read back by :func:`logged_query`).
 Feedback is its own record, joined to its request at training time; a score says where it came
 from (a user, the judge worker, a calibration probe) so training can weigh each source. A judge
 call that was paid but gave no score is a feedback record too, of source `judge_unscored` with no
@@ -27,7 +28,13 @@ from router.routelog import is_number
 log = logging.getLogger("polyroute.ledger")
 
 STORABLE_CLASSES = frozenset({"public", "internal"})
+# A long query is kept as its first MAX_QUERY_CHARS and its last QUERY_TAIL_CHARS characters: the
+# head is what a whole-text model's embedding reads anyway (it truncates far sooner), the tail the
+# question after any few-shot examples (what a last-paragraph model reads). Together they bound the
+# record, and :func:`logged_query` joins them into the text training and the replay read.
 MAX_QUERY_CHARS = 4000
+QUERY_TAIL_CHARS = 2000
+QUERY_GAP = "\n\n"  # where characters were left out between head and tail: a paragraph break
 INDEX_SIZE = 200_000  # request ids remembered for feedback (tenant check); older ones are looked up on disk
 
 
@@ -47,7 +54,9 @@ class RequestRecord:
     router_version: str | None = None
     data_class: str | None = None
     fallbacks: tuple[str, ...] = ()
-    query: str | None = None
+    query: str | None = None  # the query's first MAX_QUERY_CHARS characters (StoredQuery)
+    query_tail: str | None = None  # a cut query's last characters, after `query` (else None)
+    query_chars: int | None = None  # a cut query's full length in characters (else None)
     turns: int = 1
     trace: dict | None = None  # a composed request's steps (workers, costs, verdicts)
     # How the router chose, when it did (auto or an alias, one worker): the choice, its probability
@@ -78,10 +87,50 @@ class FeedbackRecord:
     cost_micros: int = 0  # what producing this score cost (the judge call)
 
 
-def storable_query(text: str | None, data_class: str | None) -> str | None:
+@dataclass(frozen=True, slots=True)
+class StoredQuery:
+    """What the ledger keeps of a request's query (RequestRecord's query, query_tail, query_chars).
+
+    `text` is the query, or its first MAX_QUERY_CHARS characters; a query cut there also keeps
+    `tail`, the characters after the head up to the last QUERY_TAIL_CHARS (a query up to
+    MAX_QUERY_CHARS + QUERY_TAIL_CHARS long is kept whole in two parts), and `chars`, its length."""
+
+    text: str | None = None
+    tail: str | None = None
+    chars: int | None = None
+
+
+def stored_query(text: str | None, data_class: str | None) -> StoredQuery:
+    """What the ledger may keep of ``text``: nothing unless the data class may be stored (never PII or
+    secrets); a long query's head and tail, not all of it, so a record stays small. Two slices: the
+    per-request path does no more than that."""
     if text is None or data_class not in STORABLE_CLASSES:
-        return None
-    return text[:MAX_QUERY_CHARS]
+        return StoredQuery()
+    if len(text) <= MAX_QUERY_CHARS:
+        return StoredQuery(text)
+    tail = text[max(MAX_QUERY_CHARS, len(text) - QUERY_TAIL_CHARS) :]
+    return StoredQuery(text[:MAX_QUERY_CHARS], tail, len(text))
+
+
+def storable_query(text: str | None, data_class: str | None) -> str | None:
+    """The `query` field alone (:func:`stored_query`'s head): for records that keep no tail."""
+    return stored_query(text, data_class).text
+
+
+def logged_query(record: Mapping) -> str | None:
+    """The query a request record holds, as `router train` and `router eval --from-ledger` read it.
+
+    A query cut on the way in comes back as its head, a paragraph break (QUERY_GAP) where characters
+    were left out, and its tail: its last paragraph is the live question (when that paragraph fits
+    in the tail), and a whole-text model reads the head its embedding keeps anyway. Approximate
+    only in what was left out (lexical counts such as length see head + tail). A query kept whole,
+    or a record written before tails were kept, reads as it is stored."""
+    head, tail = record.get("query"), record.get("query_tail")
+    if not head or not tail:
+        return head
+    chars = record.get("query_chars")
+    whole = isinstance(chars, int) and len(head) + len(tail) >= chars
+    return head + ("" if whole else QUERY_GAP) + tail
 
 
 def numbered_lines(
@@ -271,12 +320,17 @@ def record_problem(record: object) -> str | None:
             return f"feedback score {score!r} is not a number from 0 to 1"
         if not isinstance(record.get("source") or "user", str):
             return f"feedback source {record['source']!r} is not a string"
+        if record.get("at") is not None and not is_number(record["at"]):
+            return f"feedback at {record['at']!r} is not a Unix time"
         return None
     if not isinstance(record.get("id"), str) or not record["id"]:
         return "request without an id"
-    for name in ("query", "worker"):
+    for name in ("query", "query_tail", "worker"):
         if record.get(name) is not None and not isinstance(record[name], str):
             return f"request {name} {record[name]!r} is not a string"
+    chars = record.get("query_chars")
+    if chars is not None and (not isinstance(chars, int) or isinstance(chars, bool) or chars < 0):
+        return f"request query_chars {chars!r} is not a whole number >= 0"
     turns = record.get("turns", 1)
     if not isinstance(turns, int) or isinstance(turns, bool) or turns < 1:
         return f"request turns {turns!r} is not a positive whole number"
@@ -290,7 +344,10 @@ def training_rows(records: Iterator[dict], weights: Mapping[str, float] | None =
     """Join scores to requests: one row per request with a stored query and at least one counted score.
 
     Scores come from several sources (FeedbackRecord.source: users, the judge worker, calibration
-    probes). Per request and source the latest score counts (a user may change their mind). A row's
+    probes). Per request and source the latest score counts (a user may change their mind): the one
+    with the greatest `at`, the later in the ledger on a tie. Not simply the last in the ledger: with
+    Redis that is flush order, and a replica re-sending a spilled verdict after an outage would
+    override the user's newer one (a record without `at` counts as the oldest). A row's
     `score` is the mean of its sources' scores weighted by `weights[source]` and its `weight` the sum
     of those weights, so a weight-averaged mean of rows (router/offline/ledger.py) weighs each
     (request, source) score by its source's weight. A source weighted 0 or absent from `weights` is
@@ -302,7 +359,7 @@ def training_rows(records: Iterator[dict], weights: Mapping[str, float] | None =
         if bad:
             raise ValueError(f"source weights must be finite and >= 0, got {bad}")
     requests: dict[str, dict] = {}
-    scores: dict[str, dict[str, float]] = {}
+    scores: dict[str, dict[str, tuple[float, float]]] = {}  # request -> source -> (at, score)
     for record in records:
         if record.get("type") == "request" and record.get("query") and record.get("worker"):
             requests[record["id"]] = record
@@ -310,12 +367,15 @@ def training_rows(records: Iterator[dict], weights: Mapping[str, float] | None =
             source = record.get("source") or "user"
             if source == UNSCORED_JUDGE:  # a paid grade that gave no score: its cost, not a label
                 continue
-            scores.setdefault(record["request_id"], {})[source] = float(record["score"])
+            at = float(record["at"]) if is_number(record.get("at")) else -math.inf
+            by_source = scores.setdefault(record["request_id"], {})
+            if source not in by_source or at >= by_source[source][0]:
+                by_source[source] = (at, float(record["score"]))
     rows = []
     for rid, request in requests.items():
         weighed = {
             source: (1.0 if weights is None else weights.get(source, 0.0), score)
-            for source, score in scores.get(rid, {}).items()
+            for source, (_, score) in scores.get(rid, {}).items()
         }
         weighed = {source: pair for source, pair in weighed.items() if pair[0] > 0}
         if not weighed:
@@ -324,7 +384,7 @@ def training_rows(records: Iterator[dict], weights: Mapping[str, float] | None =
         rows.append(
             {
                 "id": rid,
-                "query": request["query"],
+                "query": logged_query(request),
                 "turns": request.get("turns", 1),
                 "worker": request["worker"],
                 "score": sum(w * score for w, score in weighed.values()) / total,

@@ -147,6 +147,8 @@ def parquet_schema():
             ("data_class", pa.string()),
             ("fallbacks", pa.list_(pa.string())),
             ("query", pa.string()),
+            ("query_tail", pa.string()),  # a long query's end, when `query` holds its first 4,000 characters
+            ("query_chars", pa.int64()),  # and its whole length
             ("turns", pa.int32()),
             ("score", pa.float64()),
             ("trace", pa.string()),  # a composed request's steps, as JSON

@@ -43,8 +43,20 @@ LEFT_CATALOG = "a worker of its pool is not in the catalog any more"
 
 
 # What gateway.ledger.training_rows and `router train`'s output-token medians read of a record.
-ROW_FIELDS = ("type", "id", "query", "turns", "worker", "route", "cost_micros", "status", "completion_tokens")
-SCORE_FIELDS = ("type", "request_id", "score", "source")
+ROW_FIELDS = (
+    "type",
+    "id",
+    "query",
+    "query_tail",
+    "query_chars",
+    "turns",
+    "worker",
+    "route",
+    "cost_micros",
+    "status",
+    "completion_tokens",
+)
+SCORE_FIELDS = ("type", "request_id", "score", "source", "at")  # `at`: the latest score counts
 
 
 def counted_score(record: dict, weights: Mapping[str, float]) -> str | None:
@@ -64,8 +76,9 @@ def compact_records(
     stored query and a worker (the fields of a training row and its replay), and of any other
     request only its worker, status and output tokens, which `router train` takes a median of per
     worker — one shared dict per distinct (worker, tokens), so the many unscored requests cost a
-    list slot each instead of their query and route record. The dicts are read-only. Order is kept,
-    so training_rows still lets the last duplicate of a request or a source's score win.
+    list slot each instead of their query and route record. The dicts are read-only. Order and
+    scores' `at` are kept, so training_rows still lets the last duplicate of a request win, and of a
+    source's scores the latest (by `at`, then order).
     """
     kept: list[dict] = []
     tokens: dict[tuple[str, Any], dict] = {}
