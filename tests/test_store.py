@@ -113,6 +113,18 @@ async def test_tokens_are_charged_and_corrected(stores):
     assert (await stores.limiter.check("acme", [tpm]))[0].allowed
 
 
+async def test_a_refund_down_to_nothing_owed_gives_every_token_back(stores):
+    """A call that used nothing (the worker refused it) or whose tokens' share of the minute has
+    passed by the time it is corrected owes nothing: the whole estimate comes back, on Redis as in
+    memory (Redis kept the full charge when the corrected arrival time was not in the future)."""
+    tpm = Limit("tenant:acme|tpm-refund", "tokens", 1000, 900)
+    assert (await stores.limiter.check("acme", [tpm]))[0].allowed
+    assert not (await stores.limiter.check("acme", [tpm]))[0].allowed
+    await stores.limiter.adjust("acme", tpm, -900)  # it used no token at all
+    (again,) = await stores.limiter.check("acme", [tpm])
+    assert again.allowed and again.remaining == 100  # the full burst, as if the refused call never ran
+
+
 def test_gcra_refills_one_unit_per_interval():
     limit = Limit("k", "requests", 60, 1)  # one per second, a burst of 60
     tat, now = 0.0, 1_000_000.0

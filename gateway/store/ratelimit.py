@@ -131,7 +131,8 @@ ADJUST_LUA = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
 local tat = math.max(now, tonumber(redis.call('GET', KEYS[1]) or now) + tonumber(ARGV[1]))
-if tat > now then redis.call('SET', KEYS[1], tostring(tat), 'PX', math.ceil(tat - now)) end
+if tat > now then redis.call('SET', KEYS[1], tostring(tat), 'PX', math.ceil(tat - now))
+else redis.call('DEL', KEYS[1]) end  -- a refund down to now: nothing is owed (as the memory limiter)
 return 1
 """
 
