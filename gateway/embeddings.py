@@ -133,6 +133,15 @@ def _cl100k():
     return encoding
 
 
+def _not_a_token(encoding, token: int) -> bool:
+    """Whether cl100k_base has no token of this id (it has gaps inside its range)."""
+    try:
+        encoding.decode_single_token_bytes(token)
+    except KeyError:
+        return True
+    return False
+
+
 def texts_of(inputs: list[Input]) -> list[str]:
     """Each input as text: token arrays decoded with cl100k_base, the encoding OpenAI's embedding
     models use (and LangChain's OpenAIEmbeddings sends). What detection reads and in-process
@@ -149,10 +158,14 @@ def texts_of(inputs: list[Input]) -> list[str]:
             if bad is not None:
                 raise KeyError(bad)
             out.append(encoding.decode(item))
-        except KeyError:
+        except KeyError as exc:
+            # out of range, or a gap inside it (100256, 100261..100275 are no tokens)
+            token = bad if bad is not None else (exc.args[0] if exc.args else None)
+            if not isinstance(token, int):
+                token = next((t for t in item if _not_a_token(encoding, t)), "?")
             raise _bad_input(
-                f"input[{i}] holds token id {bad if bad is not None else '?'} that is not in cl100k_base "
-                f"(0..{encoding.n_vocab - 1})",
+                f"input[{i}] holds token id {token}, which is no token of cl100k_base "
+                f"(ids 0..{encoding.n_vocab - 1}, with gaps)",
             ) from None
     return out
 

@@ -448,8 +448,9 @@ BAD = [
     ({"model": REMOTE, "input": [[1, 2.5]]}, "mixes token ids"),
     ({"model": REMOTE, "input": {"text": "a"}}, "input must be"),
     ({"model": REMOTE, "input": 42}, "input must be"),
-    ({"model": REMOTE, "input": [[10**7]]}, "not in cl100k_base"),
-    ({"model": REMOTE, "input": [[-1]]}, "not in cl100k_base"),
+    ({"model": REMOTE, "input": [[10**7]]}, "token id 10000000, which is no token of cl100k_base"),
+    ({"model": REMOTE, "input": [[-1]]}, "token id -1, which is no token of cl100k_base"),
+    ({"model": REMOTE, "input": [[15339, 100256, 5]]}, "token id 100256, which is no token"),  # a gap
     ({"model": REMOTE, "input": ["a"] * 2049}, "at most 2048"),
     ({"model": REMOTE, "input": "a", "encoding_format": "hex"}, "encoding_format"),
     ({"model": REMOTE, "input": "a", "dimensions": 0}, "dimensions"),
