@@ -102,6 +102,26 @@ async def _collection(request: Request, tenant: str, name: str, create: bool = F
         raise APIError(503, str(exc), type="server_error", code="collection_locked") from None
 
 
+async def _on(collection, name: str, fn, *args, writing: bool = False):
+    """``fn(*args)`` on ``collection`` in a thread. A DELETE of the collection that lands while it runs
+    closes the collection under it: whatever that raises is the collection being gone — a 404 as for
+    a collection never there, or for a write (``writing``) a 409 saying nothing of it was written —
+    not a 500."""
+    try:
+        return await asyncio.to_thread(fn, *args)
+    except Exception:
+        if not getattr(collection, "dropped", False):
+            raise
+        if writing:
+            raise APIError(
+                409,
+                f"Collection '{name}' was deleted while this batch was being written; nothing of it was "
+                "written. Send it again to ingest it into a new collection of that name.",
+                code="collection_deleted",
+            ) from None
+        raise _not_found(name) from None
+
+
 class DocumentIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -144,7 +164,7 @@ async def list_collections(request: Request) -> JSONResponse:
 @router.get("/v1/collections/{name}")
 async def get_collection(name: str, request: Request) -> JSONResponse:
     collection = await _collection(request, await _tenant(request), name)
-    return JSONResponse(await asyncio.to_thread(collection.stats))
+    return JSONResponse(await _on(collection, name, collection.stats))
 
 
 @router.delete("/v1/collections/{name}")
@@ -267,7 +287,9 @@ async def ingest_documents(name: str, request: Request) -> JSONResponse:
         return results, deleted
 
     try:
-        results, deleted = await asyncio.to_thread(work)
+        results, deleted = await _on(collection, name, work, writing=True)
+    except APIError:  # the collection was deleted while this batch waited to be written
+        raise
     except Exception:
         log.exception("ingest into %s/%s failed", tenant, name)
         raise APIError(
@@ -308,9 +330,7 @@ def _rejected(name: str, results, deleted: list[str], errors: list[dict]) -> JSO
 async def list_documents(name: str, request: Request, limit: int = 100, after: str = "") -> JSONResponse:
     collection = await _collection(request, await _tenant(request), name)
     limit = max(1, min(limit, 1000))
-    data = await asyncio.to_thread(
-        collection.list_documents, limit + 1, after
-    )  # one more: is there a next page?
+    data = await _on(collection, name, collection.list_documents, limit + 1, after)  # one more: a next page?
     return JSONResponse({"object": "list", "data": data[:limit], "has_more": len(data) > limit})
 
 
@@ -323,7 +343,7 @@ async def get_document(
     from retrieval.text import tokenize
 
     collection = await _collection(request, await _tenant(request), name)
-    record = await asyncio.to_thread(collection.document, doc_id)
+    record = await _on(collection, name, collection.document, doc_id)
     if record is None:
         raise APIError(
             404, f"No document '{doc_id}' in '{name}'.", type="not_found_error", code="document_not_found"
@@ -347,7 +367,7 @@ async def get_document(
 @router.delete("/v1/collections/{name}/documents/{doc_id:path}")
 async def delete_document(name: str, doc_id: str, request: Request) -> JSONResponse:
     collection = await _collection(request, await _tenant(request), name)
-    deleted = await asyncio.to_thread(collection.delete, [doc_id])
+    deleted = await _on(collection, name, collection.delete, [doc_id])
     if not deleted:
         raise APIError(
             404, f"No document '{doc_id}' in '{name}'.", type="not_found_error", code="document_not_found"
@@ -363,7 +383,9 @@ async def search(name: str, request: Request) -> JSONResponse:
     collection = await _collection(request, tenant, name)
     assert body.mode in MODES
     try:
-        hits = await asyncio.to_thread(collection.search, body.query, body.top_k, body.mode, body.candidates)
+        hits = await _on(
+            collection, name, collection.search, body.query, body.top_k, body.mode, body.candidates
+        )
     except ValueError as exc:  # e.g. a collection embedded by another backend
         raise APIError(400, str(exc), code="invalid_search") from None
     return JSONResponse(

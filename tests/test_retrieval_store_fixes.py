@@ -336,3 +336,33 @@ def test_http_forget_during_a_turns_background_write_leaves_nothing_and_logs_no_
         assert not failures, failures[0].exc_info
     finally:
         gw.server.stop()
+
+
+# ------------------------------------------------------------------ 4. the HTTP routes around a delete
+def test_a_read_on_a_collection_deleted_under_it_is_a_404(store):
+    """A search, a listing or a document read that holds the collection when a DELETE removes it
+    answers as for a collection never there (404), not with the closed shard's error (500)."""
+    import asyncio
+
+    from gateway.collections import _on
+    from gateway.errors import APIError
+
+    kb = store.get("acme", "kb", create=True)
+    kb.ingest([DocumentInput("tea", "Green tea is brewed from leaves.")])
+    assert store.drop("acme", "kb") is True
+    reads = (
+        (kb.search, ("green tea", 1, "bm25")),
+        (kb.list_documents, (10, "")),
+        (kb.document, ("tea",)),
+        (kb.delete, (["tea"],)),
+    )
+    for read, args in reads:
+        with pytest.raises(APIError) as refused:
+            asyncio.run(_on(kb, "kb", read, *args))
+        assert (refused.value.status, refused.value.code) == (404, "collection_not_found"), read
+    # a write that finds it deleted (the ingest route's): nothing written, a 409 that says so
+    write = [DocumentInput("tea", "Green tea is brewed from leaves.")]
+    with pytest.raises(APIError) as refused:
+        asyncio.run(_on(kb, "kb", kb.ingest, write, writing=True))
+    assert (refused.value.status, refused.value.code) == (409, "collection_deleted")
+    assert not store.exists("acme", "kb")
