@@ -10,8 +10,11 @@ event stream is written by gateway/anthropic_stream.py (litellm's `AnthropicStre
 ~115 µs a chunk). What litellm lacked, written here: the request's validation,
 Anthropic-format errors (JSON and the SSE `error` event), the message id, polyroute's metadata keys
 and cost on the answer, the token count's endpoint, plain-text document blocks (the adapter drops
-them), and stop sequences with the stop_reason that names them (gateway/stop_sequences.py: sent to
-the worker by default and cut here as well, or kept and cut here only). See docs/anthropic.md.
+them), base64 and URL documents as OpenAI `file` parts (the adapter makes them `image_url` parts),
+a 400 for attachment sources no worker can be sent (the adapter drops them), tool results without
+output or with `is_error`, `disable_parallel_tool_use` as `parallel_tool_calls`, and stop sequences
+with the stop_reason that names them (gateway/stop_sequences.py: sent to the worker by default and
+cut here as well, or kept and cut here only). See docs/anthropic.md.
 """
 
 from __future__ import annotations
@@ -158,6 +161,8 @@ class ToolChoice(BaseModel):
 
     type: Literal["auto", "any", "tool", "none"]
     name: str | None = None
+    # litellm's adapter ignores it; `translate` sends it as OpenAI's parallel_tool_calls=false
+    disable_parallel_tool_use: StrictBool | None = None
 
     @model_validator(mode="after")
     def _named(self) -> ToolChoice:
@@ -201,8 +206,8 @@ class MessagesRequest(CountTokensRequest):
 
 def document_text(block: dict[str, Any]) -> str | None:
     """The text of a document block whose source is plain text (`text`, or `content` given inline),
-    with its title and context; None for other sources (base64 and URL files: litellm's adapter
-    sends those as files)."""
+    with its title and context; None for other sources (base64 and URL files: sent as file parts,
+    see `file_blocks`)."""
     source = block.get("source") or {}
     if source.get("type") == "text" and isinstance(source.get("data"), str):
         text = source["data"]
@@ -218,17 +223,171 @@ def document_text(block: dict[str, Any]) -> str | None:
     )
 
 
-def with_plain_documents(blocks: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Plain-text document blocks as text blocks: litellm's adapter drops them (it sends only file
-    sources), so their text reached neither the worker nor the data-class detection."""
-    out = []
+# Source types each attachment block may carry. A Files API `file` source (a file_id) is not among
+# them: polyroute keeps no uploaded files, so no worker could be shown it.
+SOURCE_TYPES: dict[str, tuple[str, ...]] = {
+    "image": ("base64", "url"),
+    "document": ("base64", "url", "text", "content"),
+}
+
+
+def source_problem(block: dict[str, Any]) -> str | None:
+    """Why an image or document block's source cannot reach a worker, or None when it can.
+
+    Checked before translating because litellm's adapter silently drops a source it cannot turn into
+    a URL (a Files API file_id, a base64 source without data): the worker would answer, and be
+    billed, without the attachment the client sent."""
+    kind, source = str(block.get("type")), block.get("source")
+    if not isinstance(source, dict):
+        return f"a {kind} block's source must be an object"
+    source_type = source.get("type")
+    if source_type == "file":
+        return (
+            "a Files API source (file_id) is not supported: polyroute keeps no uploaded files, so no "
+            "worker could see it. Send the file inline (base64) or as a URL"
+        )
+    if source_type not in SOURCE_TYPES[kind]:
+        allowed = ", ".join(SOURCE_TYPES[kind])
+        return f"source type {source_type!r} is not supported for a {kind} block (use one of: {allowed})"
+    if source_type == "base64" and not (isinstance(source.get("data"), str) and source["data"]):
+        return "a base64 source needs data (a non-empty string)"
+    if source_type == "url" and not (isinstance(source.get("url"), str) and source["url"]):
+        return "a url source needs url (a non-empty string)"
+    if source_type in ("text", "content") and document_text(block) is None:
+        return "a text source needs data (a string), a content source content (a string or text blocks)"
+    return None
+
+
+def check_sources(messages: list[dict[str, Any]]) -> None:
+    """A 400 naming the first image or document block (also inside a tool_result) whose source no
+    worker can be sent (`source_problem`), as `messages.N.content.M.source`."""
+
+    def check(block: Any, where: str) -> None:
+        if not isinstance(block, dict):
+            return
+        if block.get("type") == "tool_result" and isinstance(block.get("content"), list):
+            for k, inner in enumerate(block["content"]):
+                check(inner, f"{where}.content.{k}")
+        elif block.get("type") in SOURCE_TYPES and (problem := source_problem(block)) is not None:
+            param = f"{where}.source"
+            raise APIError(400, f"Invalid value for {param}: {problem}", param=param, code="invalid_value")
+
+    for i, message in enumerate(messages):
+        if isinstance(message["content"], list):
+            for j, block in enumerate(message["content"]):
+                check(block, f"messages.{i}.content.{j}")
+
+
+# What the worker is sent for a tool_result with no output (no content, "", or only blank text):
+# chat completions refuse an empty tool message, and Anthropic's API makes the content optional.
+NO_OUTPUT = "(no output)"
+# Put before a tool_result's content when it says `is_error: true`: OpenAI's tool message has no
+# such flag, so the worker reads it in the text.
+ERROR_PREFIX = "Error: "
+
+
+def _blank(content: Any) -> bool:
+    """True for a tool_result content that gives the worker nothing to read."""
+    if content is None:
+        return True
+    if isinstance(content, str):
+        return not content.strip()
+    if isinstance(content, list):
+        return all(
+            (isinstance(p, str) and not p.strip())
+            or (isinstance(p, dict) and p.get("type") == "text" and not str(p.get("text") or "").strip())
+            for p in content
+        )
+    return False
+
+
+def _as_error(content: str | list[Any]) -> str | list[Any]:
+    """`content` with ERROR_PREFIX in front of its first text."""
+    if isinstance(content, str):
+        return ERROR_PREFIX + content
+    first = content[0] if content else None
+    if isinstance(first, str):
+        return [ERROR_PREFIX + first, *content[1:]]
+    if isinstance(first, dict) and first.get("type") == "text" and isinstance(first.get("text"), str):
+        return [{**first, "text": ERROR_PREFIX + first["text"]}, *content[1:]]
+    return [{"type": "text", "text": ERROR_PREFIX.strip()}, *content]
+
+
+def file_blocks(block: dict[str, Any], files: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """A base64 or URL document as blocks litellm's adapter passes on: its title and context as a text
+    block, and an image block whose URL is a placeholder key in `files`, mapped there to the OpenAI
+    `file` part the worker gets (`with_file_parts` swaps it in). The adapter itself would send the
+    document as an `image_url` part, which OpenAI-wire servers take for images only.
+
+    The part is the one litellm's Responses bridge makes of an `input_file` (gateway/responses.py):
+    `file.file_data` is a data URL, and a URL goes as `file.file_id` (litellm's convention: its
+    Anthropic provider turns an http(s) file_id back into a URL document)."""
+    source = block["source"]
+    if source["type"] == "base64":
+        media_type = str(source.get("media_type") or "application/pdf")
+        title = block.get("title")
+        filename = title if isinstance(title, str) and title else "document." + media_type.rpartition("/")[2]
+        file: dict[str, Any] = {
+            "file_data": f"data:{media_type};base64,{source['data']}",
+            "filename": filename,
+        }
+    else:
+        file = {"file_id": source["url"]}
+    key = f"polyroute-file:{uuid.uuid4().hex}"
+    files[key] = file
+    out: list[dict[str, Any]] = []
+    about = [p for p in (block.get("title"), block.get("context")) if isinstance(p, str) and p]
+    if about:
+        out.append({"type": "text", "text": "\n\n".join(about)})
+    placeholder: dict[str, Any] = {"type": "image", "source": {"type": "url", "url": key}}
+    if "cache_control" in block:
+        placeholder["cache_control"] = block["cache_control"]
+    out.append(placeholder)
+    return out
+
+
+def prepared_blocks(blocks: list[dict[str, Any]], files: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """A message's blocks made ready for litellm's adapter, which would otherwise lose or mangle them:
+
+    * plain-text documents become text blocks (the adapter drops them, so their text reached neither
+      the worker nor the data-class detection);
+    * base64 and URL documents become file placeholders (`file_blocks`);
+    * a tool_result with no output gets NO_OUTPUT (an empty tool message is refused), and one with
+      `is_error: true` gets ERROR_PREFIX (the flag has no OpenAI equivalent)."""
+    out: list[dict[str, Any]] = []
     for block in blocks:
-        if block.get("type") == "document" and (text := document_text(block)) is not None:
-            block = {"type": "text", "text": text}
-        elif block.get("type") == "tool_result" and isinstance(block.get("content"), list):
-            block = {**block, "content": with_plain_documents(block["content"])}
+        if block.get("type") == "document":
+            text = document_text(block)
+            out += [{"type": "text", "text": text}] if text is not None else file_blocks(block, files)
+            continue
+        if block.get("type") == "tool_result":
+            content = block.get("content")
+            if isinstance(content, list):
+                content = prepared_blocks(content, files)
+            if _blank(content):
+                content = NO_OUTPUT
+            if block.get("is_error") is True:
+                content = _as_error(content)
+            block = {**block, "content": content}
         out.append(block)
     return out
+
+
+def with_file_parts(messages: list[dict[str, Any]], files: dict[str, dict[str, Any]]) -> None:
+    """Swap the adapter's image_url parts for the file placeholders of `file_blocks` back into
+    OpenAI `file` parts (keeping what the adapter added to the part, e.g. cache_control)."""
+    for message in messages:
+        content = message.get("content")
+        if not isinstance(content, list):
+            continue
+        for n, part in enumerate(content):
+            if not isinstance(part, dict) or part.get("type") != "image_url":
+                continue
+            image_url = part.get("image_url")
+            url = image_url.get("url") if isinstance(image_url, dict) else image_url
+            if isinstance(url, str) and url in files:
+                rest = {k: v for k, v in part.items() if k not in ("type", "image_url")}
+                content[n] = {"type": "file", "file": files[url], **rest}
 
 
 def translate(body: CountTokensRequest) -> tuple[dict[str, Any], dict[str, str], list[str]]:
@@ -241,9 +400,11 @@ def translate(body: CountTokensRequest) -> tuple[dict[str, Any], dict[str, str],
     metadata = dict(data.pop("metadata", None) or {})
     user = metadata.pop("user_id", None)
     stream = data.pop("stream", False)
+    check_sources(data["messages"])
+    files: dict[str, dict[str, Any]] = {}  # placeholder URL -> OpenAI file part (`file_blocks`)
     for message in data["messages"]:
         if isinstance(message["content"], list):
-            message["content"] = with_plain_documents(message["content"])
+            message["content"] = prepared_blocks(message["content"], files)
     try:
         chat, mapping = LiteLLMAnthropicMessagesAdapter().translate_anthropic_to_openai(
             anthropic_message_request=data  # type: ignore[arg-type]
@@ -252,6 +413,8 @@ def translate(body: CountTokensRequest) -> tuple[dict[str, Any], dict[str, str],
         log.debug("litellm could not translate a Messages request", exc_info=True)
         raise APIError(400, f"This request cannot be translated for the workers: {exc}") from None
     chat = dict(chat)
+    if files:
+        with_file_parts(chat["messages"], files)
     for message in chat["messages"]:
         # earlier thinking (signed, Anthropic's): `thinking` is not sent, and some OpenAI-wire servers
         # refuse reasoning_content in a request
@@ -264,6 +427,9 @@ def translate(body: CountTokensRequest) -> tuple[dict[str, Any], dict[str, str],
     # web_search_options): named back too
     ignored += sorted(k for k in chat if k not in fields)
     chat = {k: v for k, v in chat.items() if k in fields}
+    if body.tool_choice is not None and body.tool_choice.disable_parallel_tool_use and chat.get("tools"):
+        # at most one tool call, as Anthropic's flag asks (OpenAI refuses the field without tools)
+        chat["parallel_tool_calls"] = False
     if user is not None:
         chat["user"] = str(user)
     if metadata:  # polyroute's keys: data_class, cost_weight, min_quality, collections, session_id...

@@ -210,6 +210,40 @@ def clean_completion(worker: Worker, raw: dict[str, Any]) -> dict[str, Any]:
     return body
 
 
+# The usage details a stream's usage chunk keeps: OpenAI's fields, under OpenAI's names, plus litellm's
+# cache_creation_tokens (an Anthropic worker's cache writes), which gateway/anthropic_stream.py reads.
+USAGE_DETAILS = {
+    "prompt_tokens_details": ("cached_tokens", "audio_tokens", "cache_creation_tokens"),
+    "completion_tokens_details": (
+        "reasoning_tokens",
+        "audio_tokens",
+        "accepted_prediction_tokens",
+        "rejected_prediction_tokens",
+    ),
+}
+
+
+def _stream_usage(usage: dict[str, Any]) -> dict[str, Any]:
+    """A usage chunk's counts: the three totals, and the details the worker reported, so the
+    Messages and Responses streams count cached (and reasoning) tokens as their plain answers do.
+
+    Only positive counts of the fields above are kept: litellm's stream makes up details the worker
+    never sent (`text_tokens`, zeros, None), which would make its chunks differ from the same
+    worker's on the fast path (a zero says nothing a missing field does not)."""
+    out = _pick(usage, ("prompt_tokens", "completion_tokens", "total_tokens"))
+    for name, keys in USAGE_DETAILS.items():
+        details = usage.get(name)
+        if isinstance(details, dict):
+            kept = {
+                k: details[k]
+                for k in keys
+                if isinstance(details.get(k), int) and not isinstance(details[k], bool) and details[k] > 0
+            }
+            if kept:
+                out[name] = kept
+    return out
+
+
 def clean_chunk(worker: Worker, raw: dict[str, Any]) -> dict[str, Any]:
     choices = [
         {
@@ -229,7 +263,7 @@ def clean_chunk(worker: Worker, raw: dict[str, Any]) -> dict[str, Any]:
     }
     usage = raw.get("usage")
     if usage:
-        chunk["usage"] = _pick(usage, ("prompt_tokens", "completion_tokens", "total_tokens"))
+        chunk["usage"] = _stream_usage(usage)
     return chunk
 
 

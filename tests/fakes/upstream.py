@@ -8,9 +8,9 @@ reply longer than it is cut there, billed that many tokens and ends with finish_
 
 It is the only stand-in the project allows (no real provider is reachable from CI). Behaviour is
 set per upstream model name — latency, error status (always or the first N calls), streaming
-chunk delay, a mid-stream drop, reported token counts, a tool call (alone or after some text, its
-arguments in one chunk or in pieces) — in-process through
-`FakeUpstream.behave()` or over HTTP (`POST /_control/behaviour`) when it runs as its own process:
+chunk delay, a mid-stream drop, reported token counts (cached and reasoning tokens among them), a
+tool call (alone or after some text, with or without an id, its arguments in one chunk or in
+pieces) — in-process through `FakeUpstream.behave()` or over HTTP (`POST /_control/behaviour`) when it runs as its own process:
 
     python -m tests.fakes.upstream --port 9100 --latency-ms 5
 """
@@ -50,7 +50,12 @@ class Behaviour:
     drop_after_chunks: int | None = None  # stream: cut the connection after N content chunks
     prompt_tokens: int | None = None  # reported usage; None counts words
     completion_tokens: int | None = None
-    tool_call: dict[str, Any] | None = None  # {"name": ..., "arguments": "..."} when tools are sent
+    # reported in OpenAI's usage details (the OpenAI wire, plain and streamed), as OpenAI sends them:
+    cached_tokens: int | None = None  # prompt_tokens_details.cached_tokens (part of prompt_tokens)
+    reasoning_tokens: int | None = None  # completion_tokens_details.reasoning_tokens
+    # {"name": ..., "arguments": "..."} when tools are sent; an "id" key replaces the made-up call id
+    # (None: the call carries no id, as some servers send it)
+    tool_call: dict[str, Any] | None = None
     preamble: str | None = None  # with a tool call: text answered (streamed) before it, as models do
     arguments_chunk_chars: int | None = None  # stream a tool call's arguments in pieces (OpenAI's way)
     replies: dict[str, str] | None = None  # substring of the last user message -> text (first match wins)
@@ -270,21 +275,27 @@ class FakeUpstream:
             completion_tokens = limit
             if len(text.split()) > limit:
                 text = " ".join(text.split()[:limit])
-        usage = {
+        usage: dict[str, Any] = {
             "prompt_tokens": prompt_tokens,
             "completion_tokens": completion_tokens,
             "total_tokens": prompt_tokens + completion_tokens,
         }
+        if behaviour.cached_tokens is not None:
+            usage["prompt_tokens_details"] = {"cached_tokens": behaviour.cached_tokens}
+        if behaviour.reasoning_tokens is not None:
+            usage["completion_tokens_details"] = {"reasoning_tokens": behaviour.reasoning_tokens}
         tool_call = None
         if behaviour.tool_call and body.get("tools") and stopped is None:
             tool_call = {
-                "id": "call_" + uuid.uuid4().hex[:12],
+                "id": behaviour.tool_call.get("id", "call_" + uuid.uuid4().hex[:12]),
                 "type": "function",
                 "function": {
                     "name": behaviour.tool_call["name"],
                     "arguments": behaviour.tool_call.get("arguments", "{}"),
                 },
             }
+            if tool_call["id"] is None:
+                del tool_call["id"]
         completion_id = "chatcmpl-" + uuid.uuid4().hex[:20]
         created = int(time.time())
         if body.get("stream"):
