@@ -30,7 +30,7 @@ import orjson
 from litellm.responses.litellm_completion_transformation.transformation import (
     LiteLLMCompletionResponsesConfig as Bridge,
 )
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, model_validator
 from starlette.background import BackgroundTask
 from starlette.requests import Request
 from starlette.responses import Response
@@ -69,6 +69,8 @@ ROLES = ("user", "assistant", "system", "developer")
 
 # ---- the request, validated in the Responses API's shape --------------------------------------------
 class Part(BaseModel):
+    """One content part of a message item; each type must carry what the workers are sent."""
+
     model_config = ConfigDict(extra="allow")
 
     type: str
@@ -81,6 +83,13 @@ class Part(BaseModel):
         field = {"input_text": "text", "output_text": "text", "refusal": "refusal"}.get(self.type)
         if field is not None and not isinstance(extra.get(field), str):
             raise ValueError(f"an {self.type} part needs {field} (a string)")
+        if self.type == "input_image" and not (
+            isinstance(extra.get("image_url"), str) and extra["image_url"]
+        ):
+            # OpenAI also takes a file_id (its Files API); polyroute has no file store, and without
+            # this check the bridge would send the worker an image of URL ""
+            by_file = " (file_id is not supported: polyroute has no Files API)" if "file_id" in extra else ""
+            raise ValueError(f"an input_image part needs image_url, a URL or a data: URL{by_file}")
         return self
 
 
@@ -105,6 +114,8 @@ class Item(BaseModel):
                 raise ValueError(f"a message item needs a role, one of {ROLES}")
             if self.content is None:
                 raise ValueError("a message item needs content")
+            if isinstance(self.content, list) and not self.content:
+                raise ValueError(f"a message item of role {self.role!r} has an empty content list")
         elif self.type == "function_call":
             missing = [n for n in ("call_id", "name", "arguments") if getattr(self, n) is None]
             if missing:
@@ -190,6 +201,42 @@ class ResponsesRequest(BaseModel):
         return self
 
 
+def _is_union_member(step: str | int) -> bool:
+    """A step of a pydantic error path that names a union's member ("str", "list[...Item]"), not
+    a field or an index of the request."""
+    return isinstance(step, str) and ("[" in step or step in ("str", "int", "float", "bool"))
+
+
+def validate_request(data: dict[str, Any]) -> ResponsesRequest:
+    """The request, validated; a 400 that names what is wrong where the client wrote it.
+
+    `input` (and a message's `content`, a function output's `output`) is a string or a list, and
+    pydantic reports a wrong list against both: the string member first, so the generic 400
+    (gateway/body.py) said "Invalid value for input.str: Input should be a valid string" for an
+    item deep in the list. Kept here: the deepest error (where the value was wrong), its path
+    without the union members' names (`input.0.content.1`), and what each member expected when
+    none took the value."""
+    try:
+        return ResponsesRequest.model_validate(data)
+    except ValidationError as exc:
+        errors = exc.errors()
+    deepest = max(errors, key=lambda e: len(e["loc"]))
+
+    def where(error: Any) -> str:
+        return ".".join(str(step) for step in error["loc"] if not _is_union_member(step))
+
+    param = where(deepest) or None
+    if deepest["type"] == "extra_forbidden":
+        message = f"Unrecognized request argument supplied: {param}"
+    elif deepest["type"] == "missing":
+        message = f"Missing required parameter: {param}"
+    else:
+        said = [str(e["msg"]).removeprefix("Value error, ") for e in errors if where(e) == (param or "")]
+        said = list(dict.fromkeys(said))  # each once, in pydantic's order
+        message = f"Invalid value for {param}: {'; '.join(said)}" if param else "; ".join(said)
+    raise APIError(400, message, param=param, code="invalid_value") from None
+
+
 def input_items(body: ResponsesRequest) -> list[dict[str, Any]]:
     """This request's input as items (a string is one user message)."""
     if body.input is None:
@@ -212,13 +259,32 @@ def bridge_params(body: ResponsesRequest) -> dict[str, Any]:
     return params
 
 
+def refusals_as_text(item: dict[str, Any]) -> dict[str, Any]:
+    """The item with each `refusal` part as an `output_text` part of the same text.
+
+    litellm's bridge drops refusal parts, so an assistant turn that was a refusal (OpenAI's own
+    output, replayed as history) became an empty message and a 400, and one beside text was lost
+    without a word. OpenAI's chat format carries a refusal as the assistant message's `refusal`
+    field, which the gateway's workers (any OpenAI-wire server) do not all read; its text as the
+    message's content is the one mapping every worker sees. The stored conversation keeps the
+    refusal part as it was sent."""
+    content = item.get("content")
+    if not isinstance(content, list) or not any(part.get("type") == "refusal" for part in content):
+        return item
+    parts = [
+        {"type": "output_text", "text": part["refusal"]} if part.get("type") == "refusal" else part
+        for part in content
+    ]
+    return {**item, "content": parts}
+
+
 def translate(
     body: ResponsesRequest, items: list[dict[str, Any]], params: dict[str, Any]
 ) -> tuple[dict[str, Any], list[str]]:
     """The chat-completions form of a Responses request (its conversation `items`, earlier turns
     included), through litellm's bridge; and the parameters accepted but not forwarded."""
     ignored = [name for name in IGNORED if getattr(body, name) is not None]
-    sent = [item for item in items if item.get("type") != "reasoning"]
+    sent = [refusals_as_text(item) for item in items if item.get("type") != "reasoning"]
     if any(item.get("type") == "reasoning" for item in items):
         ignored.append("input.reasoning")
     try:
@@ -306,7 +372,7 @@ class ResponsesWire(TranslatingWire):
     async def read(self, request: Request, state: AppState) -> ChatCompletionRequest:
         self.state = state
         data = await read_json_object(request, state.settings.max_body_bytes)
-        body = await heavy_if(is_large(request), validate, ResponsesRequest, data)
+        body = await heavy_if(is_large(request), validate_request, data)
         self.body = body
         context: list[dict[str, Any]] = []
         if body.previous_response_id:
@@ -437,9 +503,22 @@ class ResponsesWire(TranslatingWire):
 
     def error_event(self, message: str, code: str) -> bytes:
         """OpenAI's `error` event, then `response.failed`: the stream's end for clients that wait
-        for a terminal response event."""
+        for a terminal response event.
+
+        The `error` event's code is free text in OpenAI's API, so it is polyroute's own
+        (`upstream_stream_error`, `request_timeout`). The failed response's `error.code` is one of a
+        fixed list in the SDK's `ResponseError`, in which every mid-stream failure here (a worker
+        that drops, a deadline) is a `server_error`; polyroute's code rides beside it, in the
+        response's `polyroute.error_code` (extra fields are kept, not refused, by the SDK)."""
         failed = (
-            self.envelope("failed", [], None, "", error={"code": code, "message": message})
+            self.envelope(
+                "failed",
+                [],
+                None,
+                "",
+                error={"code": "server_error", "message": message},
+                polyroute={"error_code": code},
+            )
             if self.body is not None
             else {"id": self.response_id, "status": "failed"}
         )

@@ -9,6 +9,12 @@ gateway dumped again and rewrote under its own envelope, ~95 µs a response, whi
 each tool call as a `function_call` item (id `fc_<call id>`), a refusal left out as the bridge
 leaves it out, `length` and `content_filter` finishes as an incomplete response, and the usage in
 the Responses API's names. Requests are still translated by litellm's bridge.
+
+Where the bridge's mapping is not what the `openai` SDK's models require, this module follows the
+SDK (tests/test_responses_fixes.py parses answers with them): a tool call the worker sent without
+an id gets one made up (`call_id` is a required string, and the client must echo it in its
+`function_call_output`); `input_tokens_details.cache_write_tokens` is always written; and an empty
+text next to tool calls is no message item (the stream writes none for it either).
 """
 
 from __future__ import annotations
@@ -20,19 +26,33 @@ from typing import Any
 INCOMPLETE = {"length": "max_output_tokens", "content_filter": "content_filter"}
 
 
+def new_call_id() -> str:
+    """An id for a tool call the worker sent without one, in OpenAI's `call_<hex>` form. The plain
+    answer and the stream both use it: the client needs a string to send back as the
+    function_call_output's `call_id`, and the stored conversation must keep the same one."""
+    return "call_" + uuid.uuid4().hex[:24]
+
+
 def responses_usage(usage: dict[str, Any] | None) -> dict[str, Any] | None:
-    """Chat completions' usage in the Responses API's names (None stays None)."""
+    """Chat completions' usage in the Responses API's names (None stays None). Plain answers and
+    streams (their usage chunk) both come here, so the two report the same details: OpenAI's
+    `prompt_tokens_details.cached_tokens` / `cache_creation_tokens` (litellm's name for tokens
+    written to a cache) and `completion_tokens_details.reasoning_tokens`, 0 when not reported; every
+    field the SDK's `ResponseUsage` requires is written."""
     if usage is None:
         return None
     prompt = int(usage.get("prompt_tokens") or 0)
     completion = int(usage.get("completion_tokens") or 0)
-    cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
-    reasoning = (usage.get("completion_tokens_details") or {}).get("reasoning_tokens") or 0
+    prompt_details = usage.get("prompt_tokens_details") or {}
+    completion_details = usage.get("completion_tokens_details") or {}
     return {
         "input_tokens": prompt,
-        "input_tokens_details": {"cached_tokens": int(cached)},
+        "input_tokens_details": {
+            "cached_tokens": int(prompt_details.get("cached_tokens") or 0),
+            "cache_write_tokens": int(prompt_details.get("cache_creation_tokens") or 0),
+        },
         "output_tokens": completion,
-        "output_tokens_details": {"reasoning_tokens": int(reasoning)},
+        "output_tokens_details": {"reasoning_tokens": int(completion_details.get("reasoning_tokens") or 0)},
         "total_tokens": int(usage.get("total_tokens") or prompt + completion),
     }
 
@@ -44,21 +64,24 @@ def output_of(completion: dict[str, Any]) -> tuple[str, dict | None, list[dict],
     reason = INCOMPLETE.get(choices[0].get("finish_reason") or "")
     status = "incomplete" if reason else "completed"
     output: list[dict[str, Any]] = []
-    if isinstance(text := message.get("content"), str):
+    tool_calls = message.get("tool_calls") or ()
+    text = message.get("content")
+    if isinstance(text, str) and (text or not tool_calls):  # "" beside tool calls is no message
         part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
         item_id = "msg_" + uuid.uuid4().hex
         output.append(
             {"type": "message", "id": item_id, "status": status, "role": "assistant", "content": [part]}
         )
-    for call in message.get("tool_calls") or ():
+    for call in tool_calls:
         function = call.get("function") or {}
+        call_id = call.get("id") or new_call_id()
         output.append(
             {
                 "arguments": function.get("arguments") or "",
-                "call_id": call.get("id"),
-                "name": function.get("name"),
+                "call_id": call_id,
+                "name": function.get("name") or "",
                 "type": "function_call",
-                "id": f"fc_{call.get('id')}",
+                "id": f"fc_{call_id}",
                 "status": "completed",
             }
         )

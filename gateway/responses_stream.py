@@ -29,6 +29,8 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+from gateway.responses_output import new_call_id
+
 
 class _Item:
     """One output item being streamed: a message (text) or a function call."""
@@ -90,8 +92,11 @@ class _Item:
             ]
         item = final or {"type": "function_call", "id": self.id, **self.call, "status": "completed"}
         item = {**item, "arguments": text}
+        # `name` is required by the SDK's ResponseFunctionCallArgumentsDoneEvent: clients dispatch
+        # the tool on this event
+        done = {"type": "response.function_call_arguments.done", "name": self.call["name"], "arguments": text}
         return [
-            {**self._where(), "type": "response.function_call_arguments.done", "arguments": text},
+            {**self._where(), **done},
             {"type": "response.output_item.done", "output_index": self.index, "item": item},
         ]
 
@@ -130,6 +135,8 @@ async def response_events(
         batch: list[dict[str, Any]] = []
         first = first or chunk
         if chunk.get("usage"):
+            # kept whole (cached and reasoning token details included): response.completed's usage
+            # is written by the plain answer's builder (responses_output.responses_usage)
             usage = chunk["usage"]
         for choice in (chunk.get("choices") or ())[:1]:
             finish = choice.get("finish_reason") or finish
@@ -142,7 +149,7 @@ async def response_events(
                 function = call.get("function") or {}
                 index = call.get("index", 0)
                 if index not in calls or (call.get("id") and call["id"] != calls[index].call["call_id"]):
-                    call_id = call.get("id") or f"call_{uuid.uuid4().hex[:24]}"
+                    call_id = call.get("id") or new_call_id()
                     named = {"call_id": call_id, "name": function.get("name") or ""}
                     batch += start("function_call", "fc_" + call_id, named)
                     calls[index] = open_item  # type: ignore[assignment]

@@ -45,7 +45,7 @@ CASES = {
         "stop",
         {
             **USAGE,
-            "prompt_tokens_details": {"cached_tokens": 4},
+            "prompt_tokens_details": {"cached_tokens": 4, "cache_creation_tokens": 3},
             "completion_tokens_details": {"reasoning_tokens": 2},
         },
     ),
@@ -83,7 +83,9 @@ def bridges(body: dict[str, Any]) -> tuple[str, Any, list[dict], dict]:
     usage = {
         "input_tokens": usage["input_tokens"],
         "input_tokens_details": {
-            "cached_tokens": (usage.get("input_tokens_details") or {}).get("cached_tokens") or 0
+            "cached_tokens": (usage.get("input_tokens_details") or {}).get("cached_tokens") or 0,
+            # None in the bridge when the worker reports none; the SDK's ResponseUsage requires an int
+            "cache_write_tokens": (usage.get("input_tokens_details") or {}).get("cache_write_tokens") or 0,
         },
         "output_tokens": usage["output_tokens"],
         "output_tokens_details": {

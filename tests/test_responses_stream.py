@@ -89,6 +89,10 @@ def normal(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
         event = dict(event)
         if event["type"] in ("response.output_text.delta", "response.output_text.done"):
             event.setdefault("logprobs", [])
+        if event["type"] == "response.function_call_arguments.done":
+            # litellm's event has no `name`, which the SDK's model requires (the wire writes it;
+            # tests/test_responses_fixes.py checks it)
+            event.pop("name", None)
         if "item" in event:  # the wire writes output_text parts with logprobs, as OpenAI does
             item = dict(event["item"])
             parts = [{k: v for k, v in p.items() if k != "logprobs"} for p in item.get("content") or ()]
