@@ -91,9 +91,14 @@ def install_error_handlers(app: FastAPI) -> None:
         )
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-        return error_response(APIError(exc.status_code, str(exc.detail), type=kind))
+        err = APIError(exc.status_code, str(exc.detail), type=kind, headers=dict(exc.headers or {}))
+        if request.url.path.startswith("/v1/messages"):  # an Anthropic client reads its own shape
+            from gateway.anthropic import error_response as anthropic_error_response
+
+            return anthropic_error_response(err)
+        return error_response(err)
 
     from gateway.keys import KeyStoreUnavailable
     from gateway.store.health import StoreUnavailable

@@ -362,6 +362,19 @@ def test_pii_in_a_tool_result_is_classified_and_confined(agw, upstream):
     assert not upstream.requests_for("mid-model") and not upstream.requests_for("pricey-model")  # ...only it
 
 
+def test_an_unknown_messages_route_answers_in_anthropics_shape(agw):
+    """The Anthropic SDK reads its own error shape on every /v1/messages path, unknown ones too
+    (Message Batches, a GET): a 404 not_found_error and a 405, not OpenAI's {"error": {...}}."""
+    batches = httpx.post(agw.url + "/v1/messages/batches", headers=agw.auth(), json={"requests": []})
+    assert batches.status_code == 404
+    assert batches.json()["type"] == "error" and batches.json()["error"]["type"] == "not_found_error"
+    listed = httpx.get(agw.url + "/v1/messages", headers=agw.auth())
+    assert listed.status_code == 405 and listed.json()["type"] == "error"
+    assert "POST" in listed.headers["allow"]
+    other = httpx.get(agw.url + "/v1/no-such-route", headers=agw.auth())  # other paths: OpenAI's shape
+    assert other.status_code == 404 and other.json()["error"]["type"] == "not_found_error"
+
+
 def test_rate_limit_is_429_rate_limit_error(agw, upstream):
     _, key = agw.state.auth.store.create("acme", "one a minute", rpm=1)
     sdk = anthropic.Anthropic(base_url=agw.url, api_key=key, max_retries=0)
