@@ -762,6 +762,8 @@ async def serve(request: Request, wire: Wire) -> Response:
             return await _from_cache(
                 state, request_id, key.tenant, chat, admission, router, limits, headers, hit, wire
             )
+        if cache_plan is not None:  # a miss, whether or not an answer then comes to be stored
+            state.metrics.cache.labels("miss").inc()
         route = route_request(request, chat, admission, tenant.cost_weight if tenant else None)
         with tracing.step("route"):
             decision = await decide(state, route, chat, admission, router)
@@ -829,6 +831,7 @@ async def _from_cache(
     exchange = Exchange(request_id, tenant, chat, admission, decision, router.version, headers, limits=limits)
     await exchange.finish(state, hit.worker, 200, [])
     state.metrics.requests.labels(hit.worker, "cache", "200").inc()
+    state.metrics.latency.labels(str(chat.stream).lower()).observe(time.perf_counter() - exchange.started)
     headers = {
         **headers,
         "x-polyroute-worker": hit.worker,
@@ -974,8 +977,7 @@ async def _complete(state: AppState, ex: Exchange) -> Response:
         result.cost_usd,
         trace=trace,
     )
-    if ex.cache is not None:
-        state.metrics.cache.labels("miss").inc()
+    if ex.cache is not None:  # its miss was counted at the lookup
         await caching.store(state.stores.cache, ex.cache, result.worker.name, result.body)
     body = result.body
     if trace is not None and ex.explain:  # after caching: a cached answer carries no stale trace
@@ -1018,6 +1020,8 @@ async def _failed(
     await ex.finish(state, None, err.status, failures, trace=trace)
     state.metrics.errors.labels(err.code or err.type).inc()
     state.metrics.requests.labels(worker, ex.decision.strategy, str(err.status)).inc()
+    # the slowest requests are often these (retries, fallbacks, the deadline): they count in the latency
+    state.metrics.latency.labels(str(ex.chat.stream).lower()).observe(time.perf_counter() - ex.started)
     return ex.wire.error(err)
 
 
@@ -1156,8 +1160,8 @@ async def _sse(
         )
         if outcome == "completed" and (judged := state.judge.sample(state, ex, worker, stream.text)):
             await state.judge.start(state, judged)  # its own task: the stream has been sent
-        label = "200" if outcome == "completed" else outcome
-        state.metrics.requests.labels(worker, ex.decision.strategy, label).inc()
+        # the HTTP status the ledger records (502, 504, 499), so an alert on 5xx sees streams cut mid-way
+        state.metrics.requests.labels(worker, ex.decision.strategy, str(STREAM_STATUS[outcome])).inc()
         state.metrics.latency.labels("true").observe(time.perf_counter() - ex.started)
         for closable in (frames, feed, chunks):  # the last releases the upstream connection now
             try:

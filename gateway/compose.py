@@ -557,15 +557,14 @@ async def respond(state, request: Request, ex, composition: Composition) -> Resp
     workers it did not try (gateway/completions.py): ``ex`` is ready for it — the steps' cost settled
     on the budget and kept for the ledger record (`Exchange.settled`), the workers tried skipped, the
     degraded note and the workflow's steps in ``ex.degraded``."""
-    from gateway.completions import BudgetRefusal
+    from gateway.completions import BudgetRefusal, refused
 
     chat = ex.chat
     try:
         ceiling = _ceiling(state, chat, ex.admission)
         workflow = workflow_for(state, composition, chat)
-    except APIError as err:
-        err.headers = {**ex.headers, **err.headers}
-        return error_response(err)
+    except APIError as err:  # refused before any step: counted, logged and traced as every refusal
+        return refused(state, err, ex.headers, ex.wire)
     strategy = f"{PREFIX}{composition.workflow}"
     headers = {**ex.headers, "x-polyroute-strategy": strategy, "x-polyroute-route-reason": composition.reason}
     try:
@@ -826,7 +825,8 @@ async def _client_gone(
         state, worker, status, [], prompt_tokens, completion_tokens, outcome.cost_usd, strategy, trace
     )
     state.metrics.errors.labels(outcome_name).inc()
-    state.metrics.requests.labels(worker or "-", strategy, outcome_name).inc()
+    state.metrics.requests.labels(worker or "-", strategy, str(status)).inc()
+    state.metrics.latency.labels(str(ex.chat.stream).lower()).observe(time.perf_counter() - ex.started)
     log.info("request %s: the client hung up during %s; %s", ex.request_id, strategy, outcome.note)
     err = APIError(status, f"the client closed the request: {outcome.note}", code=outcome_name)
     err.headers = headers

@@ -539,6 +539,7 @@ async def _failed(state: AppState, books: _Books, err: APIError, headers: dict[s
     tracing.error(err, headers)
     await books.finish(state, err.status, trace=trace)
     state.metrics.errors.labels(err.code or err.type).inc()
+    state.metrics.latency.labels("false").observe(time.perf_counter() - books.started)
     return error_response(err)
 
 

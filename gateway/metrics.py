@@ -39,7 +39,10 @@ class Metrics:
             registry=self.registry,
         )
         self.worker_up = Gauge(
-            "polyroute_worker_up", "1 when a worker is admissible-ready", ["worker"], registry=self.registry
+            "polyroute_worker_up",
+            "1 when a worker can be called (set at each scrape)",
+            ["worker"],
+            registry=self.registry,
         )
 
         self.rate_limited = Counter(
