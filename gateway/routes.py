@@ -268,7 +268,21 @@ async def admin_put_policy(request: Request) -> JSONResponse:
         raise APIError(
             415, f"send the policy as YAML ({', '.join(YAML_TYPES)})", code="unsupported_media_type"
         )
-    raw = await read_body(request, state.settings.max_body_bytes)
+    settings = state.settings
+    if settings.redis_url and settings.policy_file is None:
+        # Replicas share state through Redis, but this policy file is this replica's own data dir's:
+        # a PUT through the Service would change one pod and answer "in force", and the replicas'
+        # sovereignty and budget rules would differ. A POLYROUTE_POLICY_FILE set explicitly is the
+        # operator's choice of a file (shared, or a single replica's), and is written as asked.
+        raise APIError(
+            409,
+            "this gateway shares its state through Redis (REDIS_URL) but its policy file is its own data "
+            "dir's, which other replicas do not read: a PUT would change this replica only. Set "
+            "POLYROUTE_POLICY_FILE to a policy every replica reads (the Helm chart's `policy` value, a "
+            "ConfigMap) and edit that, or set it to this file to PUT here deliberately",
+            code="policy_not_shared",
+        )
+    raw = await read_body(request, settings.max_body_bytes)
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:

@@ -559,3 +559,18 @@ def test_notes_describe_state_and_warn_about_per_pod_admin_keys(chart):
     assert f"{FULLNAME}-redis:6379" in text
     assert "WARNING: no admin key Secret" in text
     assert "WARNING" not in notes(chart, FULL_VALUES)
+
+
+def test_notes_warn_about_per_pod_policy_and_vectors_and_an_install_that_cannot_be_ready(chart):
+    """Several replicas without `policy` (a PUT would change one pod: the gateway refuses it) or without
+    a Qdrant server (collections per pod), and an install with no worker it can call (never Ready):
+    each rendered with a WARNING that says what to set."""
+    scaled = {"replicaCount": 3, "redis": {"enabled": True}, "providerKeysSecret": "keys"}
+    text = notes(chart, scaled)
+    assert "WARNING: several replicas and no `policy` value" in text and "policy_not_shared" in text
+    assert "WARNING: several replicas and no Qdrant server" in text
+    assert "WARNING: no provider keys" not in text
+    assert "WARNING: no provider keys" in notes(chart)  # the defaults: nothing to call
+    assert "WARNING: no provider keys" not in notes(chart, {"localModel": {"enabled": True}})
+    shared = {**scaled, "policy": POLICY_YAML, "qdrant": {"url": "http://qdrant:6333"}}
+    assert "no `policy` value" not in notes(chart, shared) and "no Qdrant" not in notes(chart, shared)

@@ -377,3 +377,33 @@ def test_budget_through_the_gateway(upstream, tmp_path):
         gw.server.stop()
     saved = (tmp_path / "data" / "spend.json").read_text()
     assert "acme|" in saved  # spend survives a restart
+
+
+def test_a_put_that_would_change_one_replica_only_is_refused(upstream, redis_server, tmp_path):
+    """With Redis the gateway runs as one of several replicas; a policy file in its own data dir is read
+    by no other replica, so a PUT through the Service would change one pod and say "in force". It is a
+    409 naming the way out; a POLYROUTE_POLICY_FILE set explicitly (the chart's ConfigMap, or a file
+    the operator chose) is written as asked."""
+    catalog = parse_catalog(catalog_yaml_for(upstream.url))
+    own = start_gateway(catalog, tmp_path / "own", redis_url=redis_server.url)
+    chosen = tmp_path / "chosen" / "policy.yaml"
+    chosen.parent.mkdir()
+    write_policy(chosen, BASE_POLICY)
+    explicit = start_gateway(catalog, tmp_path / "explicit", redis_url=redis_server.url, policy_file=chosen)
+    edited = yaml.safe_dump({**BASE_POLICY, "version": "edited"})
+    try:
+        refused = admin(
+            own, "PUT", "/admin/policies", content=edited, headers={"content-type": "application/yaml"}
+        )
+        assert refused.status_code == 409, refused.text
+        assert refused.json()["error"]["code"] == "policy_not_shared"
+        assert "POLYROUTE_POLICY_FILE" in refused.json()["error"]["message"]
+        assert not own.state.policy.engine.version.startswith("edited")
+        done = admin(
+            explicit, "PUT", "/admin/policies", content=edited, headers={"content-type": "application/yaml"}
+        )
+        assert done.status_code == 200, done.text
+        assert explicit.state.policy.engine.version.startswith("edited")
+    finally:
+        own.server.stop()
+        explicit.server.stop()
