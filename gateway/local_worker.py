@@ -106,6 +106,14 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def port_in_use(port: int) -> bool:
+    """Whether something already listens on 127.0.0.1:`port` (an orphaned llama.cpp server, another
+    service): the readiness check asks that port for /v1/models, and another server there would
+    answer it for ours, which then fails to bind."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
 class LocalWorkerProcess:
     """One llama.cpp server process for one catalog worker."""
 
@@ -179,6 +187,11 @@ class LocalWorkerProcess:
                 last_report[:] = [now, percent]
                 log.info("local worker %s: assembling model %d%%", self.worker.name, percent)
 
+        if await asyncio.to_thread(port_in_use, self.port):
+            raise RuntimeError(
+                f"port {self.port} is already in use by another process (an orphaned llama.cpp server?): "
+                "stop it or give the worker another local.port"
+            )
         gguf = await asyncio.to_thread(resolve_gguf, self.spec.gguf, self.models_dir, report)
         self.detail = "loading model"
         self.logs_dir.mkdir(parents=True, exist_ok=True)

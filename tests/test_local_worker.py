@@ -183,3 +183,60 @@ workers:
         assert "GGUF file not found" in response.json()["error"]["message"]
     finally:
         gw.server.stop()
+
+
+def test_a_port_another_server_holds_is_reported_not_taken_for_ours(tmp_path):
+    """A fixed local.port that another server already holds (an orphaned llama.cpp server, say) is a
+    clear failure: the readiness check would otherwise get that server's /v1/models and report ours
+    ready while ours cannot bind."""
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    from gateway.local_worker import free_port
+
+    class Foreign(BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def do_GET(self):
+            body = json.dumps({"object": "list", "data": [{"id": "someone-else"}]}).encode()
+            self.send_response(200)
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    port = free_port()
+    foreign = HTTPServer(("127.0.0.1", port), Foreign)
+    threading.Thread(target=foreign.serve_forever, daemon=True).start()
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF")
+    text = f"""
+version: 1
+workers:
+  - name: squatted
+    model: openai/squatted
+    local: {{gguf: {gguf}, port: {port}, startup_timeout_s: 60}}
+    input_price_per_m: 0
+    output_price_per_m: 0
+    tier: local
+    license: gemma
+    provider: local
+    jurisdiction: local
+    context_window: 2048
+"""
+    gw = start_gateway(parse_catalog(text), tmp_path / "data", local_workers=True)
+    try:
+        seen = set()
+        deadline = time.monotonic() + 120  # a hang guard only: the loop ends on the state
+        while time.monotonic() < deadline:
+            worker = httpx.get(gw.url + "/readyz").json()["workers"]["squatted"]
+            seen.add(worker["local"]["state"])
+            if worker["local"]["state"] in ("failed", "ready"):
+                break
+            time.sleep(0.05)
+        assert "ready" not in seen, seen
+        assert "already in use" in worker["reason"]
+    finally:
+        gw.server.stop()
+        foreign.shutdown()
