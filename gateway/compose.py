@@ -200,6 +200,17 @@ async def _planned(
     )
 
 
+def _first_step_costs(
+    chat: ChatCompletionRequest, recalled, workers: tuple[Worker, ...]
+) -> tuple[dict[str, Decimal], str]:
+    """Each worker's predicted cost for the request's first call (the messages it would carry,
+    recalled memory included, at the client's max_tokens), and " at max_tokens N" for a message."""
+    messages = memory.workflow_messages(recalled, chat.messages_payload())
+    prompt_chars, output = chars(messages), chat.output_budget()
+    at = f" at max_tokens {output}" if output else ""
+    return {w.name: predicted_cost(w, prompt_chars, output) for w in workers}, at
+
+
 def _in_fast_mode(
     state,
     chat: ChatCompletionRequest,
@@ -218,13 +229,10 @@ def _in_fast_mode(
     if not _client_bound(state, chat, admission):
         return Composition(note=note, requested=workflow)
     ceiling = _asked_ceiling(chat)
-    messages = memory.workflow_messages(recalled, chat.messages_payload())
-    prompt_chars, output = chars(messages), chat.output_budget()
-    costs = {w.name: predicted_cost(w, prompt_chars, output) for w in workers}
+    costs, at = _first_step_costs(chat, recalled, workers)
     over = frozenset(name for name, cost in costs.items() if cost > ceiling)
     if len(over) == len(workers):
         cheapest = min(costs, key=lambda name: costs[name])
-        at = f" at max_tokens {output}" if output else ""
         raise APIError(
             502,
             f"the {workflow} workflow cannot run ({why.split(';')[0]}) and fast mode would pass your cost "
@@ -251,13 +259,10 @@ def _cannot_start(
     ceiling = _gateway_ceiling(state, admission)
     if _client_bound(state, chat, admission):
         return None
-    messages = memory.workflow_messages(recalled, chat.messages_payload())
-    prompt_chars, output = chars(messages), chat.output_budget()
-    costs = {w.name: predicted_cost(w, prompt_chars, output) for w in pool}
+    costs, at = _first_step_costs(chat, recalled, pool)
     cheapest = min(costs, key=lambda name: costs[name])
     if costs[cheapest] <= ceiling:
         return None
-    at = f" at max_tokens {output}" if output else ""
     return Composition(
         note=f"degraded: no worker fits the {workflow} workflow's cost ceiling ${ceiling:f} (the cheapest, "
         f"{cheapest}, is predicted ${costs[cheapest]:.6f}{at}); fast mode",

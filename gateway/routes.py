@@ -164,10 +164,10 @@ async def metrics(request: Request) -> Response:
     # polyroute_worker_up as /readyz sees the workers at this scrape: 1 callable (key set, local
     # server up), 0 not, by the catalog's names (a bounded label set)
     available = state.availability()
-    callable_now = {w.name for w in available.pool}
-    for worker in (*available.pool, *(e.worker for e in available.excluded)):
-        name = worker if isinstance(worker, str) else worker.name
-        state.metrics.worker_up.labels(name).set(1 if name in callable_now else 0)
+    for worker in available.pool:
+        state.metrics.worker_up.labels(worker.name).set(1)
+    for exclusion in available.excluded:
+        state.metrics.worker_up.labels(exclusion.worker).set(0)
     return Response(state.metrics.render(), media_type="text/plain; version=0.0.4")
 
 

@@ -139,12 +139,9 @@ def chars(messages: Sequence[dict[str, Any]]) -> int:
     return token_chars(texts())
 
 
-# (the field a step's output bound is sent in, the one it must not be sent beside), keyed by
-# "the client sent max_completion_tokens"
-_BOUND_FIELDS = {
-    False: ("max_tokens", "max_completion_tokens"),
-    True: ("max_completion_tokens", "max_tokens"),
-}
+# (the field a step's output bound is sent in, the one it must not be sent beside); swapped when the
+# client sent max_completion_tokens
+BOUND_FIELDS = ("max_tokens", "max_completion_tokens")
 
 
 @dataclass
@@ -322,7 +319,9 @@ class Run:
         merged = {**self.params, **shaped, **params}
         # One output bound per step, in the field the client used: OpenAI refuses max_tokens beside
         # max_completion_tokens (which current SDKs send). A step's own bound (a judge's 4) wins.
-        field, other = _BOUND_FIELDS[self.params.get("max_completion_tokens") is not None]
+        field, other = BOUND_FIELDS
+        if self.params.get("max_completion_tokens") is not None:
+            field, other = other, field
         own = params.get("max_tokens", params.get("max_completion_tokens"))
         bound = own if own is not None else merged.get(field, merged.get(other, self.max_tokens))
         merged.pop(other, None)

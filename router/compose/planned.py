@@ -24,7 +24,7 @@ from typing import Any
 from router.answers import Kind, detect_kind
 from router.compose.base import Answer, CeilingReached, DeadlineReached, Outcome, Run, Step, StepFailed
 from router.evidence import Answers, read_answers
-from router.features import TEXT_WHOLE, query_text
+from router.features import TEXT_WHOLE, query_text, text_rule_of
 from router.planner import Decision, Plans, State
 
 log = logging.getLogger("polyroute.compose")
@@ -74,8 +74,8 @@ class Planned:
         self.code_keys = code_keys
         self.text_keys = text_keys
         self.parallel = parallel
-        query_text("", question_rule)  # an unknown rule fails here, not in a request's first round
-        self.question_rule = question_rule
+        # the model card's check: an unknown rule fails here, not in a request's first round
+        self.question_rule = text_rule_of({"text_rule": question_rule})
 
     async def read(self, question: str, texts: Sequence[str]) -> Answers:
         """The answers so far as the planner sees them (code run in a subprocess when asked to)."""
