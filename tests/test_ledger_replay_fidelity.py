@@ -350,13 +350,9 @@ def test_a_long_few_shot_prompt_is_replayed_on_the_question_the_router_read(upst
     assert [focus_text(logged_query(r)) for r in stored] == questions
 
 
-def test_training_from_the_ledger_reads_head_and_tail():
-    """`router train --from-ledger` (compact_records → training_rows → ledger_dataset, as the CLI
-    chains them) trains on head + tail, so the question is in the text it learns from."""
-    question = "Compute 41 * 7 + 48 and show every step of the arithmetic."
-    text = EXAMPLES + "\n\n" + question
-    query = stored_query(text, "public")
-    request = RequestRecord(
+def stored_request(query) -> RequestRecord:
+    """A routed request record req_1 of acme's (answered by pricey) holding `query` (a StoredQuery)."""
+    return RequestRecord(
         id="req_1",
         tenant="acme",
         model="auto",
@@ -368,6 +364,15 @@ def test_training_from_the_ledger_reads_head_and_tail():
         query_tail=query.tail,
         query_chars=query.chars,
     )
+
+
+def test_training_from_the_ledger_reads_head_and_tail():
+    """`router train --from-ledger` (compact_records → training_rows → ledger_dataset, as the CLI
+    chains them) trains on head + tail, so the question is in the text it learns from."""
+    question = "Compute 41 * 7 + 48 and show every step of the arithmetic."
+    text = EXAMPLES + "\n\n" + question
+    query = stored_query(text, "public")
+    request = stored_request(query)
     records = [
         json.loads(json.dumps(asdict(r))) for r in (request, FeedbackRecord("req_1", "acme", 1.0, "pricey"))
     ]
@@ -385,18 +390,7 @@ def test_a_parquet_export_keeps_a_long_querys_tail(tmp_path):
 
     question = "Compute 41 * 7 + 48 and show every step of the arithmetic."
     query = stored_query(EXAMPLES + "\n\n" + question, "public")
-    record = RequestRecord(
-        id="req_1",
-        tenant="acme",
-        model="auto",
-        worker="pricey",
-        strategy="fast",
-        status=200,
-        data_class="public",
-        query=query.text,
-        query_tail=query.tail,
-        query_chars=query.chars,
-    )
+    record = stored_request(query)
     out = tmp_path / "ledger.parquet"
     assert write_parquet(iter([json.loads(json.dumps(asdict(record)))]), out, lambda: None) == 1
     [(_, back)] = list(located_parquet_records(out))

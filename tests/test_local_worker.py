@@ -148,13 +148,14 @@ def test_cascade_from_the_local_worker(local_gateway, upstream, verdict, final):
     assert response.json()["choices"][0]["message"]["content"].strip()
 
 
-def test_missing_model_file_is_reported_and_never_called(tmp_path):
-    text = f"""
+def local_catalog(name: str, local: str):
+    """A catalog of one local worker `name` whose `local:` entry is `local` (YAML flow mapping)."""
+    return parse_catalog(f"""
 version: 1
 workers:
-  - name: broken-local
-    model: openai/broken
-    local: {{gguf: {tmp_path}/missing.gguf, startup_timeout_s: 5}}
+  - name: {name}
+    model: openai/{name}
+    local: {local}
     input_price_per_m: 0
     output_price_per_m: 0
     tier: local
@@ -162,8 +163,12 @@ workers:
     provider: local
     jurisdiction: local
     context_window: 2048
-"""
-    gw = start_gateway(parse_catalog(text), tmp_path / "data", local_workers=True)
+""")
+
+
+def test_missing_model_file_is_reported_and_never_called(tmp_path):
+    catalog = local_catalog("broken-local", f"{{gguf: {tmp_path}/missing.gguf, startup_timeout_s: 5}}")
+    gw = start_gateway(catalog, tmp_path / "data", local_workers=True)
     try:
         deadline = time.monotonic() + 10
         while True:
@@ -211,21 +216,8 @@ def test_a_port_another_server_holds_is_reported_not_taken_for_ours(tmp_path):
     threading.Thread(target=foreign.serve_forever, daemon=True).start()
     gguf = tmp_path / "m.gguf"
     gguf.write_bytes(b"GGUF")
-    text = f"""
-version: 1
-workers:
-  - name: squatted
-    model: openai/squatted
-    local: {{gguf: {gguf}, port: {port}, startup_timeout_s: 60}}
-    input_price_per_m: 0
-    output_price_per_m: 0
-    tier: local
-    license: gemma
-    provider: local
-    jurisdiction: local
-    context_window: 2048
-"""
-    gw = start_gateway(parse_catalog(text), tmp_path / "data", local_workers=True)
+    catalog = local_catalog("squatted", f"{{gguf: {gguf}, port: {port}, startup_timeout_s: 60}}")
+    gw = start_gateway(catalog, tmp_path / "data", local_workers=True)
     try:
         seen = set()
         deadline = time.monotonic() + 120  # a hang guard only: the loop ends on the state
