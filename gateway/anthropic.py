@@ -38,7 +38,7 @@ from gateway.anthropic_stream import AnthropicStream, event_batches
 from gateway.body import heavy_if, is_large, read_json_object, validate
 from gateway.completions import AUTO, EventStream, TranslatingWire, model_names, serve
 from gateway.errors import APIError, JSONResponse
-from gateway.schemas import ChatCompletionRequest
+from gateway.schemas import NO_OUTPUT, ChatCompletionRequest
 from gateway.state import AppState
 from gateway.stop_sequences import StopScan, cut_completion
 
@@ -278,9 +278,6 @@ def check_sources(messages: list[dict[str, Any]]) -> None:
                 check(block, f"messages.{i}.content.{j}")
 
 
-# What the worker is sent for a tool_result with no output (no content, "", or only blank text):
-# chat completions refuse an empty tool message, and Anthropic's API makes the content optional.
-NO_OUTPUT = "(no output)"
 # Put before a tool_result's content when it says `is_error: true`: OpenAI's tool message has no
 # such flag, so the worker reads it in the text.
 ERROR_PREFIX = "Error: "
@@ -352,7 +349,7 @@ def prepared_blocks(blocks: list[dict[str, Any]], files: dict[str, dict[str, Any
     * plain-text documents become text blocks (the adapter drops them, so their text reached neither
       the worker nor the data-class detection);
     * base64 and URL documents become file placeholders (`file_blocks`);
-    * a tool_result with no output gets NO_OUTPUT (an empty tool message is refused), and one with
+    * a tool_result with no output gets NO_OUTPUT (providers refuse an empty text block), and one with
       `is_error: true` gets ERROR_PREFIX (the flag has no OpenAI equivalent)."""
     out: list[dict[str, Any]] = []
     for block in blocks:

@@ -79,6 +79,18 @@ class ToolCall(BaseModel):
     function: ToolCallFunction
 
 
+# What a worker is sent for a tool result with no output ("", blank text, or Anthropic's tool_result
+# without content). OpenAI accepts an empty tool message, other providers refuse an empty text
+# block, so one placeholder serves every API dialect (gateway/anthropic.py, gateway/responses.py
+# reach the workers through this schema).
+NO_OUTPUT = "(no output)"
+
+
+def _blank_parts(parts: list[ContentPart]) -> bool:
+    """True when every part is text with nothing but whitespace in it."""
+    return all(p.type == "text" and not str(getattr(p, "text", "") or "").strip() for p in parts)
+
+
 class Message(BaseModel):
     model_config = ConfigDict(extra="allow")
 
@@ -91,6 +103,14 @@ class Message(BaseModel):
     @model_validator(mode="after")
     def _content_present(self) -> Message:
         if self.role == "assistant" and self.tool_calls:
+            return self
+        if self.role == "tool" and (
+            self.content is None
+            or (isinstance(self.content, str) and not self.content.strip())
+            or (isinstance(self.content, list) and _blank_parts(self.content))
+        ):
+            # A tool that printed nothing is a normal turn of an agent loop, not a client error.
+            self.content = NO_OUTPUT
             return self
         if self.content is None:
             raise ValueError(f"a {self.role} message needs content")
