@@ -20,7 +20,7 @@ import json
 import re
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import ParamSpec, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 import orjson
 from pydantic import BaseModel, ValidationError
@@ -142,22 +142,44 @@ def _path_to(node: object, value: int, path: str = "") -> str | None:
     return None
 
 
+def _is_union_member(step: str | int) -> bool:
+    """A step of a pydantic error path that names a union's member ("str", "list[...Item]"), not
+    a field or an index of the request."""
+    return isinstance(step, str) and ("[" in step or step in ("str", "int", "float", "bool"))
+
+
+def _where(error: Any) -> str:
+    """An error's path as the client wrote the request (`messages.0.content.1`), without the names
+    pydantic gives a union's members."""
+    return ".".join(str(step) for step in error["loc"] if not _is_union_member(step))
+
+
 def validate(model: type[Model], data: dict) -> Model:
+    """`data` as `model`; a 400 that names what is wrong where the client wrote it.
+
+    A field that is a string or a list (a message's `content`, Responses' `input`) is reported by
+    pydantic against both members, the string first: "Invalid value for messages.0.content.str:
+    Input should be a valid string" for a bad block deep in the list. So the deepest error (where
+    the value was wrong) is named, its path without the members' names, with what each member
+    expected when none took the value; errors elsewhere are counted."""
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        err = exc.errors()[0]
-        param = ".".join(str(p) for p in err["loc"]) or None
-        if err["type"] == "extra_forbidden":
-            message = f"Unrecognized request argument supplied: {param}"
-        elif err["type"] == "missing":
-            message = f"Missing required parameter: {param}"
-        else:
-            message = f"Invalid value for {param}: {err['msg']}" if param else err["msg"]
-        extra = len(exc.errors()) - 1
-        if extra:
-            message += f" (and {extra} more error{'s' if extra > 1 else ''})"
-        raise APIError(400, message, param=param, code="invalid_value") from None
+        errors = exc.errors()
+    deepest = max(errors, key=lambda e: len(e["loc"]))
+    param = _where(deepest) or None
+    if deepest["type"] == "extra_forbidden":
+        message = f"Unrecognized request argument supplied: {param}"
+    elif deepest["type"] == "missing":
+        message = f"Missing required parameter: {param}"
+    else:
+        said = [str(e["msg"]).removeprefix("Value error, ") for e in errors if _where(e) == (param or "")]
+        said = list(dict.fromkeys(said))  # each once, in pydantic's order
+        message = f"Invalid value for {param}: {'; '.join(said)}" if param else "; ".join(said)
+    elsewhere = len({_where(e) for e in errors} - {param or ""})
+    if elsewhere:
+        message += f" (and {elsewhere} more error{'s' if elsewhere > 1 else ''})"
+    raise APIError(400, message, param=param, code="invalid_value") from None
 
 
 async def read_json_object(request: Request, limit: int) -> dict:

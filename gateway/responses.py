@@ -30,7 +30,7 @@ import orjson
 from litellm.responses.litellm_completion_transformation.transformation import (
     LiteLLMCompletionResponsesConfig as Bridge,
 )
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
 from starlette.background import BackgroundTask
 from starlette.requests import Request
 from starlette.responses import Response
@@ -201,40 +201,10 @@ class ResponsesRequest(BaseModel):
         return self
 
 
-def _is_union_member(step: str | int) -> bool:
-    """A step of a pydantic error path that names a union's member ("str", "list[...Item]"), not
-    a field or an index of the request."""
-    return isinstance(step, str) and ("[" in step or step in ("str", "int", "float", "bool"))
-
-
 def validate_request(data: dict[str, Any]) -> ResponsesRequest:
-    """The request, validated; a 400 that names what is wrong where the client wrote it.
-
-    `input` (and a message's `content`, a function output's `output`) is a string or a list, and
-    pydantic reports a wrong list against both: the string member first, so the generic 400
-    (gateway/body.py) said "Invalid value for input.str: Input should be a valid string" for an
-    item deep in the list. Kept here: the deepest error (where the value was wrong), its path
-    without the union members' names (`input.0.content.1`), and what each member expected when
-    none took the value."""
-    try:
-        return ResponsesRequest.model_validate(data)
-    except ValidationError as exc:
-        errors = exc.errors()
-    deepest = max(errors, key=lambda e: len(e["loc"]))
-
-    def where(error: Any) -> str:
-        return ".".join(str(step) for step in error["loc"] if not _is_union_member(step))
-
-    param = where(deepest) or None
-    if deepest["type"] == "extra_forbidden":
-        message = f"Unrecognized request argument supplied: {param}"
-    elif deepest["type"] == "missing":
-        message = f"Missing required parameter: {param}"
-    else:
-        said = [str(e["msg"]).removeprefix("Value error, ") for e in errors if where(e) == (param or "")]
-        said = list(dict.fromkeys(said))  # each once, in pydantic's order
-        message = f"Invalid value for {param}: {'; '.join(said)}" if param else "; ".join(said)
-    raise APIError(400, message, param=param, code="invalid_value") from None
+    """The request, validated; a 400 that names what is wrong where the client wrote it (`input` is
+    a string or a list of items, whose errors gateway/body.py's `validate` reads through the union)."""
+    return validate(ResponsesRequest, data)
 
 
 def input_items(body: ResponsesRequest) -> list[dict[str, Any]]:
