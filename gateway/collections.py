@@ -142,16 +142,33 @@ class SearchBody(BaseModel):
 
 def _listed(store: Retriever, tenant: str) -> list[dict[str, Any]]:
     """Each collection's stats; one whose shard another owner holds is listed as locked (with the
-    message its own routes give as a 503) so that it does not hide the healthy ones."""
+    message its own routes give as a 503) so that it does not hide the healthy ones. One deleted
+    since it was listed, before it was opened or while its stats are read (the DELETE closes it under
+    the read, as `_on` says), is left out, not a 500 for the whole list."""
     data = []
     for name in store.names(tenant):
         try:
-            data.append(store.get(tenant, name).stats())
-        except CollectionNotFound:  # deleted since it was listed
+            collection = store.get(tenant, name)
+        except CollectionNotFound:
             continue
         except ShardLocked as exc:
             data.append({"object": "collection", "name": name, "status": "locked", "message": str(exc)})
+            continue
+        stats = _stats_unless_dropped(collection)
+        if stats is not None:
+            data.append(stats)
     return data
+
+
+def _stats_unless_dropped(collection) -> dict[str, Any] | None:
+    """The collection's stats, or None when a DELETE closed it under the read (whatever the closed
+    shard raises then is the collection being gone)."""
+    try:
+        return collection.stats()
+    except Exception:
+        if not getattr(collection, "dropped", False):
+            raise
+        return None
 
 
 @router.get("/v1/collections")

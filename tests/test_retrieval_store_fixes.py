@@ -366,3 +366,17 @@ def test_a_read_on_a_collection_deleted_under_it_is_a_404(store):
         asyncio.run(_on(kb, "kb", kb.ingest, write, writing=True))
     assert (refused.value.status, refused.value.code) == (409, "collection_deleted")
     assert not store.exists("acme", "kb")
+
+
+def test_a_listing_leaves_out_a_collection_deleted_while_its_stats_are_read(store):
+    """GET /v1/collections opens each collection and reads its stats; a DELETE that lands between the
+    two closes the collection under the read. That collection is left out of the list (it is gone),
+    where the closed shard's error made the whole listing a 500."""
+    from gateway.collections import _stats_unless_dropped
+
+    kept = store.get("acme", "kept", create=True)
+    gone = store.get("acme", "gone", create=True)
+    gone.ingest([DocumentInput("tea", "Green tea is brewed from leaves.")])
+    assert store.drop("acme", "gone") is True  # the DELETE, after the listing opened `gone`
+    assert _stats_unless_dropped(gone) is None
+    assert _stats_unless_dropped(kept)["name"] == "kept"
