@@ -22,6 +22,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from retrieval.store import Collection, CollectionNotFound, Retriever
 from retrieval.text import clip_words, sentences, tokenize
@@ -260,6 +261,20 @@ def recall(
     )
 
 
+def _unless_dropped(
+    collection: Collection, gone: Any, fn: Callable[..., Any], *args: Any, **kwargs: Any
+) -> Any:
+    """``fn(*args, **kwargs)``, or ``gone`` when the collection was dropped under the call (a forget of
+    the session or a DELETE, from this replica, closes it mid-read): a collection that is gone holds
+    no memory, which is a miss, not a failed request."""
+    try:
+        return fn(*args, **kwargs)
+    except Exception:
+        if not getattr(collection, "dropped", False):
+            raise
+        return gone
+
+
 def _ranked_entries(
     sources: dict[str, Collection],
     session: set[str],
@@ -274,7 +289,10 @@ def _ranked_entries(
     scored: list[tuple[float, str, str, str]] = []
     for name, collection in sources.items():
         best: dict[str, tuple[float, str]] = {}
-        for hit in collection.search(query, k=(limit + len(exclude)) * 2, mode=mode):
+        hits = _unless_dropped(
+            collection, [], collection.search, query, k=(limit + len(exclude)) * 2, mode=mode
+        )
+        for hit in hits:
             if hit.document_id not in best and hit.document_id not in exclude:
                 best[hit.document_id] = (hit.score, hit.text)
         for doc_id, (score, text) in best.items():
@@ -285,7 +303,10 @@ def _ranked_entries(
     by_collection: dict[str, list[str]] = {}
     for _, name, doc_id, _ in scored:
         by_collection.setdefault(name, []).append(doc_id)
-    info = {name: sources[name].documents(ids) for name, ids in by_collection.items()}
+    info = {
+        name: _unless_dropped(sources[name], {}, sources[name].documents, ids)
+        for name, ids in by_collection.items()
+    }
     entries: list[MemoryEntry] = []
     for i, (score, name, doc_id, text) in enumerate(scored):
         title, summary = info[name].get(doc_id, (doc_id, ""))

@@ -380,3 +380,20 @@ def test_a_listing_leaves_out_a_collection_deleted_while_its_stats_are_read(stor
     assert store.drop("acme", "gone") is True  # the DELETE, after the listing opened `gone`
     assert _stats_unless_dropped(gone) is None
     assert _stats_unless_dropped(kept)["name"] == "kept"
+
+
+def test_memory_recall_skips_a_collection_dropped_while_it_is_searched(store):
+    """Recall opens the request's collections, then searches them; a forget of the session (or a
+    DELETE) that lands in between closes one under the search. That collection holds no memory any
+    more: recall answers from the others, where the closed shard's error made the chat a 503
+    memory_unavailable."""
+    from retrieval.memory import _ranked_entries
+
+    kept = store.get("acme", "notes", create=True)
+    kept.ingest([DocumentInput("tea", "Green tea is brewed from leaves at 80 degrees.")])
+    gone = store.get("acme", "session-1", create=True)
+    gone.ingest([DocumentInput("turn", "The user asked about green tea yesterday.")])
+    sources = {"notes": kept, "session-1": gone}  # what recall opened
+    assert store.drop("acme", "session-1") is True  # the forget, before the search
+    entries = _ranked_entries(sources, {"session-1"}, "green tea", 5, "bm25", 40, set(), 1)
+    assert [(e.collection, e.document_id) for e in entries] == [("notes", "tea")]
