@@ -567,10 +567,35 @@ def test_notes_warn_about_per_pod_policy_and_vectors_and_an_install_that_cannot_
     each rendered with a WARNING that says what to set."""
     scaled = {"replicaCount": 3, "redis": {"enabled": True}, "providerKeysSecret": "keys"}
     text = notes(chart, scaled)
-    assert "WARNING: several replicas and no `policy` value" in text and "policy_not_shared" in text
+    assert "WARNING: Redis and no `policy` value: each replica reads" in text and "policy_not_shared" in text
     assert "WARNING: several replicas and no Qdrant server" in text
     assert "WARNING: no provider keys" not in text
     assert "WARNING: no provider keys" in notes(chart)  # the defaults: nothing to call
     assert "WARNING: no provider keys" not in notes(chart, {"localModel": {"enabled": True}})
     shared = {**scaled, "policy": POLICY_YAML, "qdrant": {"url": "http://qdrant:6333"}}
     assert "no `policy` value" not in notes(chart, shared) and "no Qdrant" not in notes(chart, shared)
+
+
+def test_notes_warn_where_the_gateway_would_refuse_or_could_call_nothing_and_nowhere_else(chart):
+    """The policy warning follows the gateway's own rule (Redis without a shared policy file refuses
+    PUT /admin/policies, one replica or many); the "no worker" warning is silent when keys come from
+    extraEnv/extraEnvFrom or the operator's own catalog (a worker without api_key_env needs no key)."""
+    one_with_redis = {"redis": {"enabled": True}, "providerKeysSecret": "keys"}
+    text = notes(chart, one_with_redis)
+    assert "WARNING: Redis and no `policy` value" in text and "policy_not_shared" in text
+    assert "each replica reads" not in text  # one replica: only the refused PUT is said
+    assert "no `policy` value" not in notes(chart, {**one_with_redis, "policy": POLICY_YAML})
+    assert "no `policy` value" not in notes(chart, {"providerKeysSecret": "keys"})  # no Redis: PUT works
+    keyless_catalog = (
+        "workers:\n  - name: in-cluster\n    model: openai/in-cluster\n    api_base: http://vllm:8000/v1\n"
+    )
+    for given in (
+        {"extraEnvFrom": [{"secretRef": {"name": "provider-keys"}}]},
+        {
+            "extraEnv": [
+                {"name": "OPENAI_API_KEY", "valueFrom": {"secretKeyRef": {"name": "k", "key": "openai"}}}
+            ]
+        },
+        {"workers": keyless_catalog},
+    ):
+        assert "WARNING: no provider keys" not in notes(chart, given), given
