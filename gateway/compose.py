@@ -39,7 +39,7 @@ from starlette.responses import Response, StreamingResponse
 from gateway import memory, tracing
 from gateway.errors import APIError, error_response
 from gateway.schemas import ChatCompletionRequest
-from policies import Worker, predicted_cost
+from policies import Spend, Worker, predicted_cost
 from router import RouteRequest
 from router.compose import (
     PREFIX,
@@ -58,7 +58,7 @@ from router.compose import (
     requested_workflow,
     should_cascade,
 )
-from router.compose.base import chars
+from router.compose.base import Admissible, chars
 from router.compose.planned import Planned, plan_header
 from router.decide import Estimate
 from router.evidence import logit
@@ -189,7 +189,7 @@ async def _planned(
         "plan",
         pool,
         f"{reason} over {len(pool)} workers (cost weight {weight.value:g} from "
-        f"{COST_WEIGHT_SOURCES[weight.source]}, latency weight {latency_weight:g})",
+        f"{COST_WEIGHT_SOURCES[weight.source]}, latency weight {latency_weight:g}){_priors_used(ordered)}",
         note,
         weight.value,
         router.planner,
@@ -198,6 +198,13 @@ async def _planned(
         latency_weight,
         question_rule=getattr(router, "text_rule", "whole"),
     )
+
+
+def _priors_used(estimates: list[Estimate] | None) -> str:
+    """For a workflow's route reason: the workers the model has no data for, whose predictions are
+    priors (their tier's, a profile's), as fast mode's reason says of the worker it chose."""
+    unknown = [e.worker for e in estimates or () if not e.known]
+    return f"; no data for {', '.join(unknown)} yet, prior used" if unknown else ""
 
 
 def _first_step_costs(
@@ -325,10 +332,11 @@ async def plan(
             return Composition()
         if degraded := _cannot_start(state, chat, admission, recalled, decision.workers, "cascade"):
             return degraded
+        levels = {prediction.cheap, prediction.strong}
         return Composition(
             "cascade",
             _by_strength(decision.workers, estimates, chat),
-            prediction.reason,
+            prediction.reason + _priors_used([e for e in estimates if e.worker in levels]),
             "chosen",
             weight,
             auto=True,
@@ -540,6 +548,55 @@ def workflow_for(state, composition: Composition, chat: ChatCompletionRequest):
     return Debate(debaters=min(3, max(2, settings.compose_members - 1)), rounds=1)
 
 
+def _admissible(state, request: Request, ex) -> Admissible:
+    """Whether the policy in force still admits a worker for this request, asked before each step of
+    its workflow: None, or why not. A workflow runs for seconds (a plan's rounds, a cascade's levels)
+    and the policy file is hot-reloaded meanwhile; a worker the operator has excluded since the
+    request was admitted is not called by a later step (a policy decision is never undone downstream,
+    the newer one included). Nothing to do while the version admitted is in force; after a reload the
+    request is evaluated once per new version as it was at admission (its texts, recalled memory, data
+    class tag), off the event loop. Its budget was held when the workflow started, so the tenant's
+    spend does not exclude anyone here. A policy that refuses the request altogether, or cannot be
+    evaluated, admits nobody: fail closed."""
+    from gateway.completions import admission_for
+
+    admitted = ex.admission.policy_version
+    extra = ((ex.memory.injected_text(),) if ex.memory is not None else ()) + ex.wire.policy_texts()
+    verdicts: dict[str, Any] = {}  # per policy version: its Admission, or why it admits nobody
+
+    async def admissible(worker: Worker) -> str | None:
+        engine = state.policy.engine
+        if engine is None:  # never after a valid policy was loaded; fail closed all the same
+            return "no valid policy is loaded"
+        if engine.version == admitted:
+            return None
+        if engine.version not in verdicts:
+            try:
+                verdicts[engine.version] = await asyncio.to_thread(
+                    admission_for, state, request, ex.tenant, ex.chat, engine, Spend(), extra
+                )
+            except APIError as err:
+                verdicts[engine.version] = f"policy {engine.version} refuses this request: {err.message}"
+        verdict = verdicts[engine.version]
+        if isinstance(verdict, str):
+            return verdict
+        if any(w.name == worker.name for w in verdict.pool):
+            return None
+        why = next(
+            (f"{e.rule}: {e.reason}" for e in verdict.excluded if e.worker == worker.name), "not admitted"
+        )
+        return f"excluded by policy {engine.version}, in force since the request was admitted ({why})"
+
+    return admissible
+
+
+def _excluded_note(run: Run) -> str:
+    """What the header and the trace say of the workers a policy reload left out of the run."""
+    if not run.excluded:
+        return ""
+    return "; left out by a policy reload during the workflow: " + ", ".join(sorted(run.excluded))
+
+
 def _asker(state):
     """One workflow step's call. Its bounds (the step timeout, the request's deadline) are Run's."""
 
@@ -600,6 +657,7 @@ async def respond(state, request: Request, ex, composition: Composition) -> Resp
         answer_params={k: v for k in ANSWER_FORMAT if (v := getattr(chat, k)) is not None},
         step_timeout_s=state.settings.compose_step_timeout_s,
         seed=zlib.crc32(ex.request_id.encode()),
+        admissible=_admissible(state, request, ex),
     )
     books = _Books(state)  # from here until the books are written, the shutdown waits for them
     try:
@@ -628,6 +686,13 @@ async def _answer(
     from gateway.completions import format_cost
 
     chat = ex.chat
+    if outcome.answer is None and composition.auto and run.stopped is None:
+        # fast mode may answer over the workers the workflow did not try: none a policy reload left out
+        for worker in ex.decision.workers:
+            await run.admits(worker)
+    if run.excluded:  # said in the note (header, trace, error) and, with each reason, in the trace
+        outcome.note = (outcome.note or composition.note) + _excluded_note(run)
+        outcome.detail["excluded_by_policy"] = dict(run.excluded)
     trace = outcome.trace()
     prompt_tokens = sum(s.prompt_tokens for s in outcome.steps)
     completion_tokens = sum(s.completion_tokens for s in outcome.steps)
@@ -709,6 +774,7 @@ async def _to_fast_mode(
     if not composition.auto or run.expired() or _client_bound(state, ex.chat, ex.admission):
         return False
     tried = frozenset(step.worker for step in outcome.steps if not (step.verdict or "").startswith("skipped"))
+    tried |= frozenset(run.excluded)
     if all(worker.name in tried for worker in ex.decision.workers):
         return False
     ex.spent(prompt_tokens, completion_tokens, outcome.cost_usd)

@@ -3,7 +3,9 @@
 A new version (after `polyroute router train` or `rollback`) is loaded in the background and
 swapped in one assignment; the version it replaces stays on disk for rollback. A corrupt or
 mismatched model never takes the gateway down: the last good router stays, or the rule-based
-router serves, and /readyz says which and why.
+router serves, and /readyz says which and why. A gateway that starts while current.json names a
+version it refuses has no last good router of its own: the version current.json names as the
+previous one serves (the one the other replicas kept), or the rules if it cannot.
 """
 
 from __future__ import annotations
@@ -14,14 +16,8 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from policies import Worker
-from router import (
-    CheapestRouter,
-    LearnedRouter,
-    RouterLoadError,
-    feature_builder_for,
-    load_version,
-    read_pointer,
-)
+from router import CheapestRouter, LearnedRouter, RouterLoadError, load_version, read_pointer
+from router.artifacts import servable
 
 log = logging.getLogger("polyroute.router")
 
@@ -76,7 +72,8 @@ class RouterHolder:
         """Load the version current.json names, if it changed. True when a new router is in force."""
         with self._lock:
             try:
-                version = read_pointer(self.root).get("version")
+                pointer = read_pointer(self.root)
+                version = pointer.get("version")
             except RouterLoadError as exc:
                 return self._fail(str(exc), f"unreadable: {exc}")  # the form pointer_version() reports
             if version is not None and version == self._loaded_version:
@@ -88,24 +85,50 @@ class RouterHolder:
                 self.current, self._loaded_version, self.error = self.rules, None, None
                 return False
             try:
-                artifact = load_version(self.root, version)
-                features = feature_builder_for(artifact.features)
-                weight, exploration, min_examples = self._settings
-                router = LearnedRouter(
-                    artifact, features, weight, exploration, min_examples, catalog=self.catalog
-                )
-                router.predict_quality("warm-up query", 1)  # fail here, not on a client's request
-                if router.planner is not None:
-                    from router.compose.planned import check_planner
-
-                    check_planner(router.planner)
+                router = self._build(version)
             except Exception as exc:  # RouterLoadError, or a model that cannot predict with these features
-                return self._fail(f"router model {version}: {exc}", version)
-            self.current, self._loaded_version, self.error, self._failed_version = router, version, None, None
-            log.info("learned router %s in force (%d workers)", version, len(artifact.workers))
-            for warning in router.warnings(self.plan_code_exec):  # once per version put in force
-                log.warning("learned router %s: %s", version, warning)
+                error = f"router model {version}: {exc}"
+                previous = pointer.get("previous")
+                if self._loaded_version is None and previous and previous != version:
+                    return self._previous(error, version, previous)
+                return self._fail(error, version)
+            self._put_in_force(router, version)
             return True
+
+    def _build(self, version: str) -> LearnedRouter:
+        """The learned router of ``version``, run once as a request runs it: it fails here, not on
+        a client's request (router.artifacts.servable)."""
+        weight, exploration, min_examples = self._settings
+        return servable(
+            load_version(self.root, version),
+            default_cost_weight=weight,
+            exploration=exploration,
+            min_examples=min_examples,
+            catalog=self.catalog,
+        )
+
+    def _put_in_force(self, router: LearnedRouter, version: str) -> None:
+        self.current, self._loaded_version, self.error, self._failed_version = router, version, None, None
+        log.info("learned router %s in force (%d workers)", version, len(router.artifact.workers))
+        for warning in router.warnings(self.plan_code_exec):  # once per version put in force
+            log.warning("learned router %s: %s", version, warning)
+
+    def _previous(self, error: str, version: str, previous: str) -> bool:
+        """No learned router in force yet (a start, a new replica) and the version current.json names is
+        refused: the version it names as the previous one serves, if it can. A running gateway keeps
+        the router it served when a new version is refused; a gateway that starts then has served
+        nothing, and without this would serve the rule-based router while every replica started
+        before keeps the previous version — replicas that disagree until the pointer is fixed."""
+        try:
+            router = self._build(previous)
+        except Exception as exc:
+            log.error("router model %s (current.json's previous version): %s", previous, exc)
+            return self._fail(error, version)
+        self._put_in_force(router, previous)
+        self.error = f"{error}; serving {previous}, the version current.json names as the previous one"
+        self._failed_version = version
+        log.error(self.error)
+        return True
 
     def _fail(self, error: str, version: str | None) -> bool:
         keeping = self.current.version

@@ -14,6 +14,7 @@ import hashlib
 import json
 import os
 import shutil
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -60,9 +61,16 @@ def is_version_name(version: str) -> bool:
 
 
 def _write_json(path: Path, data: dict) -> None:
-    tmp = path.with_suffix(f".tmp.{os.getpid()}")
+    """Write ``path`` whole or not at all: into a temporary file of its own, renamed over it. The
+    temporary name is unique, not the process id: replicas sharing a router dir (a ReadWriteMany
+    volume) each run as PID 1 in their container, and two writers of one name would write into the
+    same file, one renaming the other's (or a mix of both) into place."""
+    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    tmp = Path(name)
     try:
-        tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
+        with os.fdopen(fd, "w") as fh:
+            fh.write(json.dumps(data, indent=2, default=str) + "\n")
+        os.chmod(tmp, 0o644)  # as a file written plainly would be: every replica's user reads it
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
@@ -116,16 +124,52 @@ def save_artifact(root: Path, artifact: RouterArtifact, activate: bool = True) -
     return directory
 
 
+WARM_UP_QUERY = "warm-up query"
+
+
+def servable(artifact: RouterArtifact, **options: Any):
+    """The learned router a gateway serves from ``artifact``, run once on a made-up query as a request
+    runs it: its features rebuilt, P(success) predicted, the per-query output-length model run and
+    each of ``options["catalog"]``'s workers estimated (predicted quality and cost), and a planner
+    asked for a decision before and after an answer. Raises RouterLoadError saying why a version
+    cannot serve: a gateway refuses it at load (and keeps the router in force), and `router activate`
+    refuses to put it in force (a pointer every gateway refuses would be reported in force while none
+    serves it, and a gateway started then would serve without it). ``options``: LearnedRouter's."""
+    from router.compose.planned import check_planner
+    from router.learned import LearnedRouter
+    from router.rules import RouteRequest
+    from router.training import feature_builder_for
+
+    try:
+        router = LearnedRouter(artifact, feature_builder_for(artifact.features), **options)
+        router.predict_quality(WARM_UP_QUERY, 1)
+        # the output-length model runs for any pool, an empty one too (`router activate` has no catalog)
+        request = RouteRequest(len(WARM_UP_QUERY), None, text=WARM_UP_QUERY)
+        router.estimates(request, list(router.catalog.values()))
+        if router.planner is not None:
+            check_planner(router.planner)
+    except RouterLoadError:
+        raise
+    except Exception as exc:  # a model that cannot predict with these features, a planner of other code
+        raise RouterLoadError(f"cannot serve: {type(exc).__name__}: {exc}") from None
+    return router
+
+
 def activate_version(root: Path, version: str, check: bool = True) -> None:
-    """Point current.json at ``version``. With ``check`` the version's model is loaded first, so a
-    damaged one is refused here (RouterLoadError) rather than reported in force while every gateway
-    refuses it. Re-activating the version in force keeps the rollback target; a damaged current.json is
-    replaced (its rollback target is lost with it)."""
+    """Point current.json at ``version``. With ``check`` the version is loaded and run as a gateway
+    runs it (:func:`servable`) first, so a damaged or incompatible one is refused here
+    (RouterLoadError) rather than reported in force while every gateway refuses it. Re-activating the
+    version in force keeps the rollback target; a damaged current.json is replaced (its rollback
+    target is lost with it)."""
     root = Path(root)
     if not is_version_name(version) or not (root / version / "model.joblib").is_file():
         raise RouterLoadError(f"no router model version {version!r} under {root}")
     if check:
-        load_version(root, version)
+        artifact = load_version(root, version)
+        try:
+            servable(artifact)
+        except RouterLoadError as exc:
+            raise RouterLoadError(f"router model {version}: {exc}") from None
     try:
         pointer = read_pointer(root)
     except RouterLoadError:  # a damaged pointer is what activating a version repairs

@@ -16,6 +16,7 @@ import json
 import logging
 import os
 import shutil
+import tempfile
 from pathlib import Path
 
 from router.artifacts import CURRENT, RouterLoadError, activate_version, is_version_name
@@ -79,12 +80,14 @@ def install_shipped_prior(root: Path, source: Path = SHIPPED_DIR) -> str | None:
         log.warning("set aside %s, a router version directory without its model, as %s", target, aside)
     installed_now = not target.exists()
     if installed_now:
-        staging = root / f".{version}.installing.{os.getpid()}"
-        shutil.rmtree(staging, ignore_errors=True)
-        shutil.copytree(source, staging, ignore=shutil.ignore_patterns("__pycache__"))
+        # a staging directory of this call's own: replicas sharing the router dir start together on a
+        # first install, each as PID 1 of its container, and must not copy into (or delete) another's
+        staging = Path(tempfile.mkdtemp(dir=root, prefix=f".{version}.installing."))
         try:
+            shutil.copytree(source, staging, ignore=shutil.ignore_patterns("__pycache__"), dirs_exist_ok=True)
+            staging.chmod(0o755)  # mkdtemp's 0700 would keep the version from other users of the dir
             staging.rename(target)
-        except OSError:  # another replica sharing the dir installed it first
+        except OSError:  # another replica sharing the dir installed it first, or the copy failed
             shutil.rmtree(staging, ignore_errors=True)
             if not (target / MODEL_FILE).is_file():
                 raise

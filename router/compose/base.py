@@ -53,6 +53,8 @@ class Answer:
 
 
 Ask = Callable[[Worker, list[dict[str, Any]], dict[str, Any]], Awaitable[Answer]]
+# Whether the policy in force now still admits a worker for this request: None, or why not
+Admissible = Callable[[Worker], Awaitable[str | None]]
 
 
 @dataclass(slots=True)
@@ -74,6 +76,14 @@ class Step:
 
 class StepFailed(Exception):
     """A member failed (error, timeout, garbage); the workflow decides whether it can go on."""
+
+
+class Excluded(StepFailed):
+    """The policy in force no longer admits the worker: it was reloaded after the request was admitted
+    and leaves the worker out for this request (`Run.admissible`). The step is not made, the worker is
+    never asked again in this run, and the workflow goes on without it as without a failed member: a
+    policy decision is never undone downstream, including the decision of a policy that took effect
+    while the workflow ran."""
 
 
 class CeilingReached(Exception):
@@ -166,6 +176,11 @@ class Run:
     steps: list[Step] = field(default_factory=list)
     spent_usd: Decimal = Decimal(0)
     stopped: str | None = None  # why no step may start any more (`stop`), None while the run goes on
+    # asked before each step (the gateway: has a policy reload since the request's admission left the
+    # worker out?); None: the pool admitted at the start holds for the whole run
+    admissible: Admissible | None = None
+    # workers the policy in force left out after the run started, and why: never asked again
+    excluded: dict[str, str] = field(default_factory=dict)
     _reserved: Decimal = Decimal(0)  # predicted cost of steps in flight (parallel members)
     # prompt tokens billed and chars() sent, per worker and ("" key) for the whole run: the rate that
     # predicts later steps' prompts once steps have reported usage
@@ -306,6 +321,7 @@ class Run:
         if self.stopped is not None:
             self.steps.append(Step(role, worker.name, verdict=f"skipped: {self.stopped}"))
             raise Stopped(f"{role} on {worker.name}: {self.stopped}")
+        await self._still_admitted(role, worker)
         predicted = self.predict(worker, messages)
         room = self.room()
         allowed = room if allowance is None else min(allowance, room)
@@ -356,6 +372,26 @@ class Run:
             step.error = "empty answer"
             raise StepFailed(f"{worker.name} returned an empty answer")
         return answer
+
+    async def admits(self, worker: Worker) -> bool:
+        """Whether the policy in force still admits ``worker`` for this run (see ``admissible``); one
+        it no longer admits is kept in ``excluded``, with why, and stays excluded for the run."""
+        if worker.name in self.excluded:
+            return False
+        why = None if self.admissible is None else await self.admissible(worker)
+        if why is not None:
+            self.excluded[worker.name] = why
+        return why is None
+
+    async def _still_admitted(self, role: str, worker: Worker) -> None:
+        """Raise :class:`Excluded` (the step recorded as skipped, and why) when the policy in force
+        no longer admits ``worker``: a worker the operator excluded while the workflow ran is not
+        called by a later step."""
+        if await self.admits(worker):
+            return
+        why = self.excluded[worker.name]
+        self.steps.append(Step(role, worker.name, verdict=f"skipped: {why}"))
+        raise Excluded(f"{role} on {worker.name}: {why}")
 
     def mark(self, verdict: str) -> None:
         """Attach a verdict to the last step (accepted, escalated, chosen...)."""

@@ -6,10 +6,12 @@ with calling another worker (or, with a latency weight, two at once). Every call
 `Run.call`, so the plan stays inside the admissible pool and under the request's cost ceiling:
 workers whose predicted cost no longer fits are masked out before the planner chooses (those that
 never fit are named in the note and in `detail["over_ceiling"]`), a worker that fails (error,
-timeout, empty answer) is dropped for the rest of the plan and never retried, and a ceiling stop
-returns the best answer so far and says so. A run stopped from outside (`Run.stop`: the client hung
-up) or cut by the deadline starts no further round. Besides the workers' calls, a round
-costs a few regexes and two small tree-model predictions (well under a millisecond), run inline.
+timeout, empty answer) is dropped for the rest of the plan and never retried, and so is one the
+policy in force no longer admits (a reload while the plan ran: `Run.admissible`), which is not
+called at all; a ceiling stop returns the best answer so far and says so. A run stopped from
+outside (`Run.stop`: the client hung up) or cut by the deadline starts no further round. Besides
+the workers' calls, a round costs a few regexes and two small tree-model predictions (well under a
+millisecond), run inline.
 """
 
 from __future__ import annotations
@@ -22,7 +24,16 @@ from dataclasses import replace
 from typing import Any
 
 from router.answers import Kind, detect_kind
-from router.compose.base import Answer, CeilingReached, DeadlineReached, Outcome, Run, Step, StepFailed
+from router.compose.base import (
+    Answer,
+    CeilingReached,
+    DeadlineReached,
+    Excluded,
+    Outcome,
+    Run,
+    Step,
+    StepFailed,
+)
 from router.evidence import Answers, read_answers
 from router.features import TEXT_WHOLE, query_text, text_rule_of
 from router.planner import Decision, Plans, State
@@ -124,6 +135,9 @@ class Planned:
         state = State.of(question)
         decision: Decision | None = None
         for round_no in range(1, self.planner.max_calls + 1):  # each round calls at least one worker
+            for k, worker in enumerate(pool):  # a policy reload since the start may have left some out
+                if k not in dropped and k not in called and not await run.admits(worker):
+                    dropped.add(k)
             allowed = [
                 k not in dropped and k not in called and run.fits(worker, run.messages)
                 for k, worker in enumerate(pool)
@@ -159,6 +173,8 @@ class Planned:
                     answers.append(result)
                     answer_steps.append(step)
                     went.append(pool[k].name)
+                elif isinstance(result, Excluded):
+                    dropped.add(k)  # run.call recorded it as skipped, with the policy's reason: not asked
                 elif isinstance(result, StepFailed):
                     dropped.add(k)
                     _step_of(
