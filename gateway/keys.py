@@ -230,9 +230,19 @@ class RedisKeyStore:
     reached, a key verified in the last `stale_grace_s` keeps its last known state (no revocation
     can be written while Redis is down either); any other key fails closed with
     KeyStoreUnavailable (503), never open. A breaker makes those failures immediate.
+
+    "Last known state" must not outlive a revocation this replica could have known of: a key
+    verified here before it was revoked elsewhere (another replica, the CLI), and not asked for
+    here since, was still cached as active, and was accepted for up to `stale_grace_s` once Redis
+    went down. So every revocation also bumps a counter (`REVOCATIONS`) that each replica reads with
+    every key it looks up and with every readiness probe; when it changes, whatever was cached
+    before is no longer good enough to stand in for Redis (those keys fail closed, 503, until they
+    are verified again). What is left is a revocation written after this replica's last contact
+    with Redis, i.e. within one readiness-probe period of the outage.
     """
 
     PREFIX = "polyroute:keys:"
+    REVOCATIONS = PREFIX + "revocations"  # bumped by every revocation
 
     def __init__(
         self, url: str, cache_ttl_s: float = 0.5, stale_grace_s: float = 300.0, timeout_s: float | None = None
@@ -245,6 +255,8 @@ class RedisKeyStore:
         self.breaker = Breaker("Redis (keys)")
         self._cache: dict[str, tuple[float, KeyRecord | None]] = {}
         self._lock = threading.Lock()
+        self._revocations: bytes | None | object = _UNSEEN  # the counter as last read
+        self._stale_floor = float("-inf")  # cache entries from then or before cannot stand in for Redis
 
     def _call(self, fn, *args):
         from gateway.store.health import StoreUnavailable, sync_guarded
@@ -263,6 +275,26 @@ class RedisKeyStore:
             return True, cached[1]
         return False, None
 
+    def _saw_revocations(self, counter: bytes | None, read_at: float) -> None:
+        """The revocation counter as read by a round trip that started at `read_at` (monotonic). A
+        change means a key may have been revoked since anything in the cache was read: entries read
+        at or before `read_at` may no longer stand in for Redis during an outage. (At or before: of
+        two reads racing in threads, the one that reports a change may be the older one.)"""
+        with self._lock:
+            if self._revocations is _UNSEEN:
+                self._revocations = counter
+            elif counter != self._revocations:
+                self._revocations = counter
+                self._stale_floor = max(self._stale_floor, read_at)
+
+    def _read(self, key_hash: str) -> tuple[bytes | None, bytes | None]:
+        """The key's record and the revocation counter, in one round trip."""
+        pipe = self._redis.pipeline(transaction=False)
+        pipe.get(self.PREFIX + "hash:" + key_hash)
+        pipe.get(self.REVOCATIONS)
+        raw, counter = pipe.execute()
+        return raw, counter
+
     def verify(self, plaintext: str) -> KeyRecord | None:
         """Blocking (a Redis round trip on a cache miss): the CLI's check, and the thread's work below."""
         key_hash = hash_key(plaintext)
@@ -271,11 +303,13 @@ class RedisKeyStore:
             now = time.monotonic()
             cached = self._cache.get(key_hash)
             try:
-                record = self._load(self._call(self._redis.get, self.PREFIX + "hash:" + key_hash))
+                raw, counter = self._call(self._read, key_hash)
             except KeyStoreUnavailable:
-                if cached is None or now - cached[0] > self.stale_grace_s:
+                if cached is None or now - cached[0] > self.stale_grace_s or cached[0] <= self._stale_floor:
                     raise
                 return cached[1] if cached[1] is not None and cached[1].active else None
+            self._saw_revocations(counter, now)
+            record = self._load(raw)
             with self._lock:
                 if len(self._cache) > 100_000:
                     self._cache.clear()
@@ -290,11 +324,13 @@ class RedisKeyStore:
             return record if record is not None and record.active else None
         return await asyncio.to_thread(self.verify, plaintext)
 
-    def _put(self, record: KeyRecord) -> None:
+    def _put(self, record: KeyRecord, revoked: bool = False) -> None:
         pipe = self._redis.pipeline(transaction=True)
         pipe.set(self.PREFIX + "hash:" + record.key_hash, json.dumps(asdict(record)))
         pipe.set(self.PREFIX + "id:" + record.id, record.key_hash)
         pipe.sadd(self.PREFIX + "all", record.key_hash)
+        if revoked:  # in the same transaction: no replica can read the revocation without the bump
+            pipe.incr(self.REVOCATIONS)
         self._call(pipe.execute)
 
     def create(
@@ -315,7 +351,7 @@ class RedisKeyStore:
             raise KeyNotFound(key_id)
         if record.active:
             record = replace(record, revoked_at=_now())
-            self._put(record)
+            self._put(record, revoked=True)
         with self._lock:
             self._cache.pop(record.key_hash, None)
         return record
@@ -330,16 +366,26 @@ class RedisKeyStore:
         return any(r.admin and r.active for r in self.list())
 
     def ping(self) -> bool:
+        """Readiness; it also reads the revocation counter, so a replica that serves no request
+        still learns of revocations (within one readiness-probe period) before an outage."""
         from gateway.store.health import is_unavailable
 
+        read_at = time.monotonic()
         try:
-            ok = bool(self._redis.ping())
+            pipe = self._redis.pipeline(transaction=False)
+            pipe.ping()
+            pipe.get(self.REVOCATIONS)
+            pong, counter = pipe.execute()
         except Exception as exc:  # not ready, whatever it is; only an outage opens the breaker
             if is_unavailable(exc):
                 self.breaker.probe_failed(exc)
             return False
         self.breaker.success()
-        return ok
+        self._saw_revocations(counter, read_at)
+        return bool(pong)
+
+
+_UNSEEN = object()  # the revocation counter has not been read yet
 
 
 def open_key_store(data_dir: Path, redis_url: str | None, reload_interval_s: float = 1.0) -> KeyStore:

@@ -8,6 +8,9 @@
 | cache       | LRU with TTL            | SET EX under the tenant's prefix | fail open (miss)           |
 | ledger      | ledger.jsonl            | stream, buffered writes        | buffered (bounded), spilled to disk at shutdown |
 
+Budget settles and spend that could not be sent are kept too, and spilled to
+`budget-unsent.jsonl` at shutdown (`RedisBudgets.spill`), like the ledger's records.
+
 "Down" is decided by the breaker (gateway/store/health.py): connection failures and timeouts,
 BREAKER_THRESHOLD in a row or one failed health probe, not one slow reply (REDIS_TIMEOUT_S is
 generous for a loaded machine). A reply error (Redis answered that our script or data is wrong)
@@ -160,6 +163,10 @@ class Stores:
         }
 
     async def close(self) -> None:
+        """At shutdown, after the last flush: budget settles and spend still unsent (Redis down) are
+        kept on disk for the next start, as the ledger's records are; then the client closes."""
+        if isinstance(self.budgets, RedisBudgets):
+            await asyncio.to_thread(self.budgets.spill)
         if self.redis is not None:
             await self.redis.aclose()
 
@@ -184,7 +191,7 @@ def open_stores(data_dir: Path, redis_url: str | None, ledger_buffer_max: int = 
     client = redis.asyncio.Redis(connection_pool=pool)
     blocking = sync_client(redis_url)
     return Stores(
-        budgets=RedisBudgets(client, breaker),
+        budgets=RedisBudgets(client, breaker, spill_path=data_dir / "budget-unsent.jsonl"),
         limiter=RedisLimiter(client, breaker),
         cache=RedisCache(client, breaker),
         ledger=RedisLedger(blocking, breaker, data_dir / "ledger-unsent.jsonl", ledger_buffer_max),

@@ -8,7 +8,8 @@ exceeded only by the amount a request's actual cost exceeds its prediction (see 
 
 A reservation left behind by a crashed replica expires after `hold_s` and is reaped by the next
 reservation of that tenant. Settling is idempotent (keyed by the reservation id), so a settle
-retried after a Redis blip is never counted twice.
+retried after a Redis blip is never counted twice. What a replica still could not send when it
+stops (Redis down) is written to `<data dir>/budget-unsent.jsonl` and sent after its next start.
 
 Two backends with one behaviour: `MemoryBudgets` (one process, saved to `spend.json`) and
 `RedisBudgets` (Lua scripts, shared by replicas). Amounts are integer micro-dollars.
@@ -24,11 +25,14 @@ import secrets
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import ROUND_CEILING, Decimal
 from pathlib import Path
-from typing import Protocol
+from typing import Literal, Protocol
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from gateway.store.health import REPLY_ERRORS, Breaker, StoreReplyError, StoreUnavailable, guarded
 from policies import Spend
@@ -46,8 +50,19 @@ def to_micros(usd: Decimal) -> int:
     return int((usd * MICRO).to_integral_value(rounding=ROUND_CEILING))
 
 
+def utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+# What time it is for the books: which UTC day and month a reservation or a spend record counts in.
+# Both backends take one (`clock`), so a test can put a replica at 23:59:59 and then past midnight
+# instead of waiting for it. Hold expiry does not use it: Redis's own TIME (or the monotonic clock
+# in-process) decides that.
+Clock = Callable[[], datetime]
+
+
 def periods(now: datetime | None = None) -> tuple[str, str]:
-    now = now or datetime.now(UTC)
+    now = now or utc_now()
     return "d:" + now.strftime("%Y-%m-%d"), "m:" + now.strftime("%Y-%m")
 
 
@@ -106,9 +121,12 @@ def _spend(day_micros: int, month_micros: int) -> Spend:
 class MemoryBudgets:
     """The embedded backend: one process, saved to `<data dir>/spend.json` by `flush()`."""
 
-    def __init__(self, path: Path | None = None, hold_s: float = DEFAULT_HOLD_S) -> None:
+    def __init__(
+        self, path: Path | None = None, hold_s: float = DEFAULT_HOLD_S, clock: Clock = utc_now
+    ) -> None:
         self.path = path
         self.hold_s = hold_s
+        self.clock = clock
         self._settled: dict[str, int] = {}  # "tenant|d:2026-11-23" -> micros
         self._holds: dict[str, dict[str, tuple[int, float]]] = {}  # period key -> id -> (micros, deadline)
         self._done: deque[str] = deque(maxlen=100_000)
@@ -140,13 +158,13 @@ class MemoryBudgets:
 
     async def usage(self, tenant: str) -> Spend:
         now = time.monotonic()
-        day, month = periods()
+        day, month = periods(self.clock())
         with self._lock:
             return _spend(self._used(f"{tenant}|{day}", now), self._used(f"{tenant}|{month}", now))
 
     async def reserve(self, tenant: str, micros: int, limits: Limits) -> Reservation:
         now = time.monotonic()
-        reservation = Reservation(_new_id(), tenant, periods(), micros)
+        reservation = Reservation(_new_id(), tenant, periods(self.clock()), micros)
         keys = [f"{tenant}|{p}" for p in reservation.periods]
         with self._lock:
             for key, limit, name in zip(keys, limits.by_period(), ("daily", "monthly"), strict=True):
@@ -178,7 +196,7 @@ class MemoryBudgets:
         if micros <= 0:
             return
         with self._lock:
-            for period in periods():
+            for period in periods(self.clock()):
                 key = f"{tenant}|{period}"
                 self._settled[key] = self._settled.get(key, 0) + micros
             self._dirty = True
@@ -190,7 +208,7 @@ class MemoryBudgets:
         """Write atomically if anything changed; past periods are dropped (only today/this month count)."""
         if self.path is None or not self._dirty:
             return
-        current = periods()
+        current = periods(self.clock())
         with self._lock:
             self._settled = {
                 k: v for k, v in self._settled.items() if k.endswith(tuple("|" + p for p in current))
@@ -324,9 +342,58 @@ return 1
 TTLS = (DAY_TTL_S, MONTH_TTL_S)
 
 
+class SpilledSettle(BaseModel):
+    """A line of the spill file: a settle (or release) Redis never got, with the hold it ends."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    kind: Literal["settle"] = "settle"
+    id: str = Field(min_length=1)
+    tenant: str
+    periods: tuple[str, str]
+    held: int = Field(ge=0)  # what the hold reserved (the settle itself reads it from Redis)
+    micros: int = Field(ge=0)  # the actual cost to settle with; 0 releases
+
+
+class SpilledSpend(BaseModel):
+    """A line of the spill file: spend of a tenant without a budget, not yet added to its books."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    kind: Literal["spend"] = "spend"
+    tenant: str
+    period: str
+    micros: int = Field(gt=0)
+
+
+def _spilled(raw: str) -> SpilledSettle | SpilledSpend:
+    """One spill line, checked (ValueError when it is not one: a torn write)."""
+    data = json.loads(raw)
+    if not isinstance(data, dict):
+        raise ValueError("not an object")
+    model = SpilledSettle if data.get("kind") == "settle" else SpilledSpend
+    return model.model_validate(data)
+
+
+def _outcome_unknown(exc: StoreUnavailable) -> bool:
+    """Whether a reserve that failed may have reserved all the same: its reply timed out. Redis may
+    have run the script and answered late (a CPU-starved event loop reads the reply after the
+    timeout), so the hold can exist although the request is refused; left alone it would hold the
+    tenant's budget until it expired (`hold_s`, 15 minutes). A refused connection, or the breaker
+    failing fast, sent nothing: no release is queued for those, so an outage does not fill the
+    retry buffer with releases of holds that never existed."""
+    import redis
+
+    cause = exc.__cause__
+    return isinstance(cause, (redis.TimeoutError, TimeoutError))
+
+
 class RedisBudgets:
     """Budgets shared by replicas. Reserve fails closed (StoreUnavailable) when Redis is down;
     settles, releases and plain spend records that fail are kept (bounded) and retried by flush().
+
+    A reserve whose outcome is unknown (its reply timed out, or the request was cancelled while it
+    waited) queues a release of its reservation id, sent with the kept settles: a hold the script
+    did leave goes at once instead of blocking the budget until it expires; releasing a hold that
+    never landed changes nothing (settles are idempotent and a missing hold counts as zero).
 
     A reply error (StoreReplyError: our script or data is wrong) fails the reserve or usage read
     that hit it, so that request gets a 500; a settle or spend record that hits one is not retried
@@ -335,8 +402,17 @@ class RedisBudgets:
 
     PREFIX = "polyroute:budget:"
 
-    def __init__(self, redis, breaker: Breaker, hold_s: float = DEFAULT_HOLD_S, pending_max: int = 100_000):
+    def __init__(
+        self,
+        redis,
+        breaker: Breaker,
+        hold_s: float = DEFAULT_HOLD_S,
+        pending_max: int = 100_000,
+        spill_path: Path | None = None,
+        clock: Clock = utc_now,
+    ):
         self._redis = redis
+        self.clock = clock
         self.breaker = breaker
         self.hold_s = hold_s
         self._reserve = redis.register_script(RESERVE_LUA)
@@ -346,6 +422,8 @@ class RedisBudgets:
         self.pending_max = pending_max
         self.dropped = 0
         self.failed_settles = 0  # reply errors on settle: not retried, counted
+        self.spill_path = Path(spill_path) if spill_path is not None else None  # None: nothing kept on disk
+        self._load_spill()
 
     def _keys(self, tenant: str, period_names: tuple[str, ...]) -> tuple[list[str], list[str]]:
         base = f"{self.PREFIX}{{{tenant}}}:"  # hash tag: one tenant's keys share a cluster slot
@@ -355,7 +433,7 @@ class RedisBudgets:
         return await guarded(self.breaker, call, what)
 
     async def usage(self, tenant: str) -> Spend:
-        hashes, _ = self._keys(tenant, periods())
+        hashes, _ = self._keys(tenant, periods(self.clock()))
 
         async def read():
             pipe = self._redis.pipeline(transaction=False)
@@ -368,14 +446,22 @@ class RedisBudgets:
         return _spend(used[0], used[1])
 
     async def reserve(self, tenant: str, micros: int, limits: Limits) -> Reservation:
-        reservation = Reservation(_new_id(), tenant, periods(), micros)
+        reservation = Reservation(_new_id(), tenant, periods(self.clock()), micros)
         hashes, zsets = self._keys(tenant, reservation.periods)
         args: list[object] = [reservation.id, micros, int(self.hold_s * 1000)]
         for limit, ttl in zip(limits.by_period(), TTLS, strict=True):
             args += [-1 if limit is None else limit, ttl]
-        ok, index, left = await self._call(
-            lambda: self._reserve(keys=[*hashes, *zsets], args=args), "budgets.reserve (RESERVE_LUA)"
-        )
+        try:
+            ok, index, left = await self._call(
+                lambda: self._reserve(keys=[*hashes, *zsets], args=args), "budgets.reserve (RESERVE_LUA)"
+            )
+        except StoreUnavailable as exc:
+            if _outcome_unknown(exc):
+                self._keep((reservation, 0))  # the request is refused: release what may have landed
+            raise
+        except asyncio.CancelledError:  # the deadline, or a shutdown: the script may have run all the same
+            self._keep((reservation, 0))
+            raise
         if not ok:
             raise BudgetExceeded(("daily", "monthly")[int(index) - 1], int(left), micros)
         return reservation
@@ -410,7 +496,7 @@ class RedisBudgets:
         """Spend of a tenant without a budget: added in batches by flush(), not on the request path."""
         if micros <= 0:
             return
-        for period in periods():
+        for period in periods(self.clock()):
             self._unsent[(tenant, period)] = self._unsent.get((tenant, period), 0) + micros
 
     async def flush(self) -> None:
@@ -446,6 +532,69 @@ class RedisBudgets:
             except StoreReplyError:
                 self.failed_settles += 1
             self._pending.popleft()
+
+    # ---- shutdown and restart ------------------------------------------------------------
+    def spill(self) -> int:
+        """At shutdown, after the last flush: what still could not be sent goes to `spill_path` and is
+        sent after the next start. Without it a replica stopped while Redis is down (a rolling deploy
+        during an outage) lost its kept settles — the holds then stayed at their predictions until
+        they expired and the actual costs never reached the books — and the batched spend of tenants
+        without a budget. Returns how many lines were written."""
+        lines = [
+            SpilledSettle(
+                id=r.id, tenant=r.tenant, periods=r.periods, held=r.micros, micros=actual
+            ).model_dump_json()
+            for r, actual in self._pending
+        ]
+        lines += [
+            SpilledSpend(tenant=tenant, period=period, micros=micros).model_dump_json()
+            for (tenant, period), micros in self._unsent.items()
+            if micros > 0
+        ]
+        self._pending.clear()
+        self._unsent = {}
+        if not lines:
+            return 0
+        if self.spill_path is None:
+            log.error("Redis unreachable at shutdown: %d budget settles and spend records lost", len(lines))
+            return 0
+        with open(self.spill_path, "a", encoding="utf-8") as fh:
+            fh.write("".join(line + "\n" for line in lines))
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(self.spill_path, 0o600)
+        log.error(
+            "Redis unreachable at shutdown: %d budget settles and spend records kept in %s",
+            len(lines),
+            self.spill_path,
+        )
+        return len(lines)
+
+    def _load_spill(self) -> None:
+        """At start: queue what the last run spilled; the next flush sends it (settles are idempotent)."""
+        if self.spill_path is None or not self.spill_path.exists():
+            return
+        kept = 0
+        for number, raw in enumerate(
+            self.spill_path.read_text(encoding="utf-8", errors="replace").splitlines(), 1
+        ):
+            if not raw.strip():
+                continue
+            try:
+                item = _spilled(raw)
+            except (ValueError, ValidationError) as exc:  # a line torn by a crash or a full disk
+                log.warning(
+                    "%s line %d is not a kept settle or spend (%s); skipped", self.spill_path, number, exc
+                )
+                continue
+            if isinstance(item, SpilledSettle):
+                self._keep((Reservation(item.id, item.tenant, item.periods, item.held), item.micros))
+            else:
+                key = (item.tenant, item.period)
+                self._unsent[key] = self._unsent.get(key, 0) + item.micros
+            kept += 1
+        self.spill_path.unlink()
+        log.warning("re-queued %d budget settles and spend records kept at the last shutdown", kept)
 
     def status(self) -> dict:
         return {
