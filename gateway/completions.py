@@ -390,7 +390,7 @@ def final_error(failures: list[WorkerError]) -> APIError:
             f"All workers are rate limited. {summary}",
             type="rate_limit_error",
             code="upstream_rate_limited",
-            headers={"retry-after": "1"},
+            headers={"retry-after": str(_retry_after(failures))},
         )
     if all(f.status == 504 for f in failures):
         return APIError(
@@ -399,6 +399,12 @@ def final_error(failures: list[WorkerError]) -> APIError:
     return APIError(
         502, f"All admissible workers failed. {summary}", type="server_error", code="upstream_failed"
     )
+
+
+def _retry_after(failures: list[WorkerError]) -> int:
+    """Whole seconds until the first rate-limited worker said it would take calls again (its
+    Retry-After; one second for a worker that said nothing), so a client's retry is not refused."""
+    return max(1, math.ceil(min(f.retry_after_s or 1.0 for f in failures)))
 
 
 class BudgetRefusal(WorkerError):
@@ -870,6 +876,8 @@ async def first_success(
         try:
             return await call(worker, state.api_base(worker)), failures
         except WorkerError as err:
+            if err.prompt_tokens or err.completion_tokens:  # an answer with nothing in it, still billed
+                ex.spent(err.prompt_tokens, err.completion_tokens, err.cost_usd)
             await ex.release(state)
             failures.append(err)
             if err.context_exceeded:
@@ -954,8 +962,11 @@ def _answered_headers(headers: dict[str, str], worker: str, failures: list[Worke
 async def _complete(state: AppState, ex: Exchange) -> Response:
     failures: list[WorkerError] = []  # filled as attempts fail: the deadline's 504 names them
 
-    def call(worker, base):
-        return memory.complete(state, ex, worker, base)
+    async def call(worker, base) -> Completion:
+        result = await memory.complete(state, ex, worker, base)
+        if not result.body.get("choices"):
+            raise no_choices(result)
+        return result
 
     try:
         result, failures = await _within(ex.remaining(state), first_success(state, ex, call, failures))
@@ -967,6 +978,8 @@ async def _complete(state: AppState, ex: Exchange) -> Response:
     headers = _answered_headers(ex.headers, result.worker.name, failures)
     headers["x-polyroute-cost-usd"] = format_cost(result.cost_usd + ex.settled.cost_usd)
     trace = _degraded_trace(ex, result.worker.name, result, failures)
+    if result.usage_estimated:  # the ledger says the counts are not the provider's, as for a stream
+        trace = {**(trace or {}), "usage": "estimated"}
     await ex.finish(
         state,
         result.worker.name,
@@ -990,6 +1003,17 @@ async def _complete(state: AppState, ex: Exchange) -> Response:
         headers,
         BackgroundTask(state.judge.start, state, judged) if judged else None,  # after sending
     )
+
+
+def no_choices(result: Completion) -> WorkerError:
+    """A 200 with empty `choices` is no answer (an SDK user's `choices[0]` fails): a failure `auto`
+    falls back from, not retried (the worker answered, and billed it: it is on the books)."""
+    err = WorkerError(
+        result.worker.name, 502, "502 the worker answered with no choices (no message)", fallback=True
+    )
+    err.prompt_tokens, err.completion_tokens = result.prompt_tokens, result.completion_tokens
+    err.cost_usd = result.cost_usd
+    return err
 
 
 def _degraded_trace(ex: Exchange, worker: str, usage, failures: list[WorkerError]) -> dict | None:

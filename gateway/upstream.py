@@ -1,8 +1,11 @@
 """Calls to one worker through litellm: timeouts, retries with backoff, cost, clean OpenAI output.
 
 Fallback across workers is the caller's job (it owns the admissible pool); this module retries one
-worker on transient failures (429, 5xx, timeouts, connection errors) and classifies the final
-failure as one the next worker may fix (`fallback=True`) or one the client must fix.
+worker on transient failures (429, 5xx, timeouts, connection errors; waiting as long as a
+Retry-After asks, and not at all when it asks longer than a retry waits) and classifies the final
+failure as one the next worker may fix (`fallback=True`) or one the client must fix. A worker that
+reports no usage, or none readable, is billed on counts made here (marked estimated), a stream as a
+plain answer.
 
 Two ways to reach a worker, chosen once per worker (and cached):
 - OpenAI-wire providers (openai and OpenAI-compatible servers, together_ai, deepseek, mistral,
@@ -17,13 +20,22 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from decimal import Decimal
+from email.utils import parsedate_to_datetime
 from typing import Any
 
 import litellm
-from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential_jitter
+from tenacity import (
+    AsyncRetrying,
+    RetryCallState,
+    retry_if_exception,
+    stop_after_attempt,
+    wait_exponential_jitter,
+)
 
 from gateway import tracing, wire
 from gateway.metrics import Metrics
@@ -50,13 +62,22 @@ DELTA_KEYS = ("role", "content", "tool_calls", "function_call", "refusal")
 NANO = Decimal("0.000000001")
 STREAM_USAGE = {"include_usage": True}  # we always account; the client may not see it
 MAX_CACHED_ROUTES = 4096
+# The longest Retry-After a retry of the same worker waits for (the backoff's own ceiling): a worker
+# that asks for longer is given up at once, so `auto` falls back now and the client hears how long.
+MAX_RETRY_AFTER_S = 4.0
 
 
 class WorkerError(Exception):
     """A worker's final failure after retries."""
 
     def __init__(
-        self, worker: str, status: int, message: str, fallback: bool, context_exceeded: bool = False
+        self,
+        worker: str,
+        status: int,
+        message: str,
+        fallback: bool,
+        context_exceeded: bool = False,
+        retry_after_s: float | None = None,
     ) -> None:
         super().__init__(f"{worker}: {message}")
         self.worker = worker
@@ -66,6 +87,11 @@ class WorkerError(Exception):
         # The prompt did not fit the worker's context window: a worker with a larger window may still
         # answer, one with the same or a smaller window would fail the same way.
         self.context_exceeded = context_exceeded
+        self.retry_after_s = retry_after_s  # the worker's Retry-After (a 429's, a 503's), if it sent one
+        # What the failed call cost: a 200 that held no answer was still billed by the provider.
+        self.prompt_tokens = 0
+        self.completion_tokens = 0
+        self.cost_usd = Decimal(0)
 
 
 def _status_of(exc: BaseException) -> int:
@@ -75,10 +101,40 @@ def _status_of(exc: BaseException) -> int:
     return status if isinstance(status, int) else 502
 
 
+def retry_after_of(exc: BaseException) -> float | None:
+    """The seconds the worker asked to wait (retry-after-ms, or Retry-After in seconds or as an
+    HTTP date), from the response headers litellm keeps on its exception; None when it sent none."""
+    headers = getattr(exc, "litellm_response_headers", None)
+    if headers is None:
+        headers = getattr(getattr(exc, "response", None), "headers", None)
+    if not headers:
+        return None
+    try:
+        if (ms := headers.get("retry-after-ms")) is not None:
+            seconds = float(ms) / 1000
+        elif (value := headers.get("retry-after")) is not None:
+            try:
+                seconds = float(value)
+            except ValueError:
+                seconds = parsedate_to_datetime(value).timestamp() - time.time()
+        else:
+            return None
+    except (TypeError, ValueError, OverflowError):
+        return None
+    return max(seconds, 0.0) if math.isfinite(seconds) else None
+
+
 def _is_retryable(exc: BaseException) -> bool:
     # Cancellation (a client gone, a workflow step's timeout) is not a failure to retry: tenacity
     # would otherwise swallow CancelledError and call the worker again.
-    return isinstance(exc, Exception) and _status_of(exc) in RETRYABLE_STATUS
+    if not (isinstance(exc, Exception) and _status_of(exc) in RETRYABLE_STATUS):
+        return False
+    if isinstance(exc, EmptyAnswer):  # it answered, and was billed: asking again would bill again
+        return False
+    # A worker that asks for a longer pause than a retry waits would only refuse the retry too
+    # (and count it against its limit): give it up now.
+    wait = retry_after_of(exc)
+    return wait is None or wait <= MAX_RETRY_AFTER_S
 
 
 def to_worker_error(worker: Worker, exc: BaseException) -> WorkerError:
@@ -88,9 +144,18 @@ def to_worker_error(worker: Worker, exc: BaseException) -> WorkerError:
         message = message[:500] + "…"
     too_long = isinstance(exc, litellm.ContextWindowExceededError)
     client_fault = status in CLIENT_FAULT_STATUS and not too_long
-    return WorkerError(
-        worker.name, status, f"{status} {message}", fallback=not client_fault, context_exceeded=too_long
+    err = WorkerError(
+        worker.name,
+        status,
+        f"{status} {message}",
+        fallback=not client_fault,
+        context_exceeded=too_long,
+        retry_after_s=retry_after_of(exc),
     )
+    if isinstance(exc, EmptyAnswer):  # answered, and billed, with nothing in it
+        err.prompt_tokens, err.completion_tokens = exc.prompt_tokens, exc.completion_tokens
+        err.cost_usd = litellm_cost(worker, exc.prompt_tokens, exc.completion_tokens)
+    return err
 
 
 @dataclass(slots=True)
@@ -100,6 +165,7 @@ class Completion:
     prompt_tokens: int
     completion_tokens: int
     cost_usd: Decimal
+    usage_estimated: bool = False  # the worker reported no (readable) usage: counted here
 
 
 SYSTEM_ROLES = frozenset({"system", "developer"})
@@ -162,11 +228,55 @@ def litellm_cost(worker: Worker, prompt_tokens: int, completion_tokens: int) -> 
     return (Decimal(repr(prompt_cost)) + Decimal(repr(completion_cost))).quantize(NANO)
 
 
-def _usage_counts(usage: Any) -> tuple[int, int]:
-    if usage is None:
-        return 0, 0
+def _token_count(value: Any) -> int | None:
+    """A token count as a provider reports it: a non-negative whole number (None and 0 are 0)."""
+    if value is None:
+        return 0
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    return value if isinstance(value, int) and value >= 0 else None
+
+
+def _usage_counts(usage: Any) -> tuple[int, int] | None:
+    """(prompt, completion) tokens of a usage object, or None when there is none or it is not
+    readable (a string, a negative count: that would refund the budget, and Prometheus' counters
+    refuse it). All zeros is none too: litellm fills them in for a provider that sent no usage,
+    and no call is free of prompt tokens."""
+    if not usage:
+        return None
     get = usage.get if isinstance(usage, dict) else lambda k, d=None: getattr(usage, k, d)
-    return int(get("prompt_tokens", 0) or 0), int(get("completion_tokens", 0) or 0)
+    prompt, completion = _token_count(get("prompt_tokens", 0)), _token_count(get("completion_tokens", 0))
+    if prompt is None or completion is None or prompt == completion == 0:
+        return None
+    return prompt, completion
+
+
+def _answer_text(body: dict[str, Any]) -> str:
+    """A completion's text as a stream's is counted: content, and tool calls' names and arguments."""
+    texts: list[str] = []
+    for choice in body.get("choices") or ():
+        message = choice.get("message") or {}
+        if isinstance(message.get("content"), str):
+            texts.append(message["content"])
+        for call in message.get("tool_calls") or ():
+            function = call.get("function") if isinstance(call, dict) else None
+            if isinstance(function, dict):
+                texts.append(str(function.get("name") or "") + str(function.get("arguments") or ""))
+    return "".join(texts)
+
+
+def count_tokens(worker: Worker, messages: list[dict[str, Any]] | None, text: str) -> tuple[int, int]:
+    """The prompt and answer counted here, for a worker that reported no usage: litellm's token
+    counter for the model, else a rough 4 characters a token."""
+    try:
+        prompt = litellm.token_counter(model=worker.model, messages=messages) if messages else 0
+        completion = litellm.token_counter(model=worker.model, text=text) if text else 0
+    except Exception:  # no tokenizer for this model
+        prompt = sum(len(str(m.get("content") or "")) for m in messages or ()) // 4
+        completion = max(1, len(text) // 4) if text else 0
+    return prompt, completion
 
 
 def _pick(data: dict[str, Any], keys: tuple[str, ...]) -> dict[str, Any]:
@@ -267,9 +377,60 @@ def clean_chunk(worker: Worker, raw: dict[str, Any]) -> dict[str, Any]:
     return chunk
 
 
+class EmptyAnswer(Exception):
+    """A worker's stream ended without a single choice: no answer, so `auto` falls back, but the
+    provider billed the call. (A plain completion with empty `choices` is returned as it is: each
+    caller judges it — the chat pipeline falls back, a workflow step counts it an empty answer.)"""
+
+    status_code = 502
+
+    def __init__(self, prompt_tokens: int, completion_tokens: int) -> None:
+        super().__init__("the worker answered with no choices (no message, no finish_reason)")
+        self.prompt_tokens = prompt_tokens
+        self.completion_tokens = completion_tokens
+
+
+def _raw_dict(raw: Any) -> dict[str, Any]:
+    return raw.model_dump() if hasattr(raw, "model_dump") else raw
+
+
+def _field(raw: Any, name: str) -> Any:
+    """A field of a raw chunk: a dict's key or litellm's object's attribute (no copy made)."""
+    return raw.get(name) if isinstance(raw, dict) else getattr(raw, name, None)
+
+
+async def _past_prelude(
+    worker: Worker, first: Any, rest: AsyncIterator[Any], messages: list[dict[str, Any]] | None
+) -> tuple[list[Any], Any]:
+    """Read a stream up to its first chunk with a choice: (the chunks before it, that chunk).
+
+    Chunks without choices may lead (Azure's prompt_filter_results); a stream made only of them
+    answered nothing, which is known before a byte goes to the client: EmptyAnswer, so `auto` can
+    still fall back. The stream is closed then."""
+    prelude: list[Any] = []
+    usage: Any = None
+    try:
+        while not _field(first, "choices"):
+            prelude.append(first)
+            usage = _field(first, "usage") or usage
+            first = await anext(rest)
+    except BaseException as exc:
+        close = getattr(rest, "aclose", None)
+        if close is not None:
+            await close()
+        if isinstance(exc, StopAsyncIteration):
+            raise EmptyAnswer(*(_usage_counts(usage) or count_tokens(worker, messages, ""))) from None
+        raise
+    return prelude, first
+
+
 @dataclass(slots=True)
 class OpenStream:
-    """A stream whose first chunk has arrived (so fallback is no longer possible)."""
+    """A stream whose first chunk has arrived (so fallback is no longer possible).
+
+    The provider's usage is passed on once, in a usage chunk after the last choice chunk, whether it
+    came in a chunk of its own, on the finish chunk or (as some providers send it) as a running count
+    on every chunk; the token and cost metrics count the stream once, when it ends or is cut."""
 
     worker: Worker
     first: Any
@@ -281,17 +442,21 @@ class OpenStream:
     cost_usd: Decimal = field(default=Decimal(0))
     messages: list[dict[str, Any]] | None = None  # to count the prompt if the provider reports no usage
     trace: Any = None  # the worker call's span (tracing.WorkerCall), ended with the stream
+    prelude: list[Any] = field(default_factory=list)  # chunks without choices that came before `first`
     finish_reasons: list[str] = field(default_factory=list)
     _texts: list[str] = field(default_factory=list)
+    _usage: dict[str, Any] | None = None  # the provider's latest usage (a running count is replaced)
     _usage_seen: bool = False
     _estimated: bool = False  # the usage was counted here, not reported by the provider
+    _recorded: bool = False  # the token and cost metrics have counted this stream
 
     async def __aiter__(self) -> AsyncIterator[dict[str, Any]]:
-        raw = self.first
+        pending = [*self.prelude, self.first]
         last: dict[str, Any] = {}
         try:
             while True:
-                chunk = clean_chunk(self.worker, raw.model_dump() if hasattr(raw, "model_dump") else raw)
+                raw = pending.pop(0) if pending else await anext(self.rest)
+                chunk = clean_chunk(self.worker, _raw_dict(raw))
                 last = chunk
                 for choice in chunk["choices"]:
                     if choice["finish_reason"]:
@@ -302,21 +467,18 @@ class OpenStream:
                     for call in delta.get("tool_calls") or ():
                         function = call.get("function") or {}
                         self._texts.append((function.get("name") or "") + (function.get("arguments") or ""))
-                if "usage" in chunk:
-                    self._usage_seen = True
-                    self.prompt_tokens, self.completion_tokens = _usage_counts(chunk["usage"])
+                usage = chunk.pop("usage", None)
+                if usage is not None and (counts := _usage_counts(usage)) is not None:
+                    self._usage, self._usage_seen = usage, True
+                    self.prompt_tokens, self.completion_tokens = counts
                     self._settle()
-                    if chunk["choices"]:  # usage rode on a content chunk: split it off
-                        usage = chunk.pop("usage")
-                        yield chunk
-                        yield {**chunk, "choices": [], "usage": usage}
-                        raw = await anext(self.rest)
-                        continue
-                yield chunk
-                raw = await anext(self.rest)
+                if chunk["choices"] or usage is None:  # a usage-only chunk waits for the end
+                    yield chunk
         except StopAsyncIteration:
-            if not self._usage_seen and (usage := self._count_usage()) is not None:
-                # The provider sent no usage: litellm's token counter stands in, as it does on its path.
+            # The provider sent no usage: litellm's token counter stands in, as it does on its path.
+            usage = self._usage if self._usage_seen else self._count_usage()
+            self._record()
+            if usage is not None:
                 yield {**last, "choices": [], "usage": usage}
             return
         except Exception as exc:
@@ -355,24 +517,16 @@ class OpenStream:
         Returns True when the count is an estimate: the provider's usage never arrived, so the prompt
         and the text streamed so far are counted here (litellm's token counter, or 4 characters a token).
         """
-        if self._usage_seen:
-            return False
-        if not self._estimated:
+        if not self._usage_seen and not self._estimated:
             self._count_usage()
-        return True
+        self._record()
+        return not self._usage_seen
 
     def _count_usage(self) -> dict[str, int] | None:
         text = "".join(self._texts)
         if not text and not self.messages:
             return None
-        try:
-            prompt = (
-                litellm.token_counter(model=self.worker.model, messages=self.messages) if self.messages else 0
-            )
-            completion = litellm.token_counter(model=self.worker.model, text=text) if text else 0
-        except Exception:  # no tokenizer for this model: a rough 4 characters per token
-            prompt = sum(len(str(m.get("content") or "")) for m in self.messages or ()) // 4
-            completion = max(1, len(text) // 4) if text else 0
+        prompt, completion = count_tokens(self.worker, self.messages, text)
         self.prompt_tokens, self.completion_tokens = prompt, completion
         self._estimated = True
         self._settle()
@@ -380,7 +534,14 @@ class OpenStream:
 
     def _settle(self) -> None:
         self.cost_usd = litellm_cost(self.worker, self.prompt_tokens, self.completion_tokens)
-        self.metrics.record_usage(self.worker.name, self.prompt_tokens, self.completion_tokens, self.cost_usd)
+
+    def _record(self) -> None:
+        """Count the stream's tokens and cost in the metrics, once (its final counts)."""
+        if not self._recorded:
+            self._recorded = True
+            self.metrics.record_usage(
+                self.worker.name, self.prompt_tokens, self.completion_tokens, self.cost_usd
+            )
 
 
 class WorkerClient:
@@ -473,9 +634,19 @@ class WorkerClient:
         return self.retries if worker.retries is None else worker.retries
 
     def _retrying(self, worker: Worker) -> AsyncRetrying:
+        backoff = wait_exponential_jitter(
+            initial=self.backoff_s, max=MAX_RETRY_AFTER_S, jitter=self.backoff_s
+        )
+
+        def wait(state: RetryCallState) -> float:
+            """The backoff, or longer when the worker said how long to wait (Retry-After)."""
+            failure = state.outcome.exception() if state.outcome is not None else None
+            asked = retry_after_of(failure) if failure is not None else None
+            return max(backoff(state), asked or 0.0)
+
         return AsyncRetrying(
             stop=stop_after_attempt(self.retries_for(worker) + 1),
-            wait=wait_exponential_jitter(initial=self.backoff_s, max=4.0, jitter=self.backoff_s),
+            wait=wait,
             retry=retry_if_exception(_is_retryable),
             reraise=True,
         )
@@ -499,6 +670,8 @@ class WorkerClient:
         except Exception as exc:
             err = to_worker_error(worker, exc)
             log.warning("worker %s failed: %s", worker.name, err.message)
+            if err.prompt_tokens or err.completion_tokens:  # the provider billed it all the same
+                self.metrics.record_usage(worker.name, err.prompt_tokens, err.completion_tokens, err.cost_usd)
             raise err from exc
         self.metrics.worker_attempts.labels(worker.name, "ok").inc()
         return result
@@ -514,30 +687,41 @@ class WorkerClient:
         self, worker: Worker, api_base: str | None, chat: ChatCompletionRequest
     ) -> Completion:
         route = self._fast_route(worker, api_base, chat)
+        messages = self.messages_for(worker, chat)  # sent, and kept to count usage the worker may not send
         if route is None:
-            kwargs = self._kwargs(worker, api_base, chat)
+            kwargs = self._kwargs(worker, api_base, chat, messages)
             tracing.inject_kwargs(kwargs)
-            response = await self._with_retries(worker, lambda: litellm.acompletion(**kwargs))
-            raw = response.model_dump()
+
+            async def attempt() -> dict[str, Any]:
+                response = await litellm.acompletion(**kwargs)
+                return response.model_dump()
+
         else:
             built: list[tuple[str, dict[str, str], bytes]] = []
 
             async def attempt() -> dict[str, Any]:
                 if not built:  # inside the retry wrapper, so a refused parameter is classified too
-                    built.append(
-                        route.request(chat.forwarded_params(), self.messages_for(worker, chat), False)
-                    )
+                    built.append(route.request(chat.forwarded_params(), messages, False))
                 url, headers, payload = built[0]
                 headers = tracing.inject(headers)  # the worker call's traceparent (when tracing is on)
                 return await wire.complete(self.pool, route, url, headers, payload, worker.timeout_s)
 
-            raw = await self._with_retries(worker, attempt)
+        raw = await self._with_retries(worker, attempt)
         tracing.responded(raw)
         body = clean_completion(worker, raw)
-        prompt_tokens, completion_tokens = _usage_counts(body.get("usage"))
+        counts = _usage_counts(body.get("usage"))
+        estimated = counts is None
+        if counts is None:  # no usage, or none readable: counted here, as a stream's is
+            counts = count_tokens(worker, messages, _answer_text(body))
+            body["usage"] = {
+                "prompt_tokens": counts[0],
+                "completion_tokens": counts[1],
+                "total_tokens": sum(counts),
+            }
+        prompt_tokens, completion_tokens = counts
         cost = litellm_cost(worker, prompt_tokens, completion_tokens)
         self.metrics.record_usage(worker.name, prompt_tokens, completion_tokens, cost)
-        return Completion(worker, body, prompt_tokens, completion_tokens, cost)
+        return Completion(worker, body, prompt_tokens, completion_tokens, cost, usage_estimated=estimated)
 
     async def open_stream(
         self, worker: Worker, api_base: str | None, chat: ChatCompletionRequest
@@ -575,8 +759,13 @@ class WorkerClient:
                 headers = tracing.inject(headers)  # the worker call's traceparent (when tracing is on)
                 return await wire.open_stream(self.pool, route, url, headers, payload, worker.timeout_s)
 
-        first, rest = await self._with_retries(worker, start)
+        async def opened() -> tuple[list[Any], Any, AsyncIterator[Any]]:
+            first, rest = await start()
+            prelude, first = await _past_prelude(worker, first, rest, messages)
+            return prelude, first, rest
+
+        prelude, first, rest = await self._with_retries(worker, opened)
         tracing.responded(first)
         # the header's prompt-side estimate, as every prediction counts a prompt (policies/cost.py)
         prompt_cost = litellm_cost(worker, estimate_tokens(chat.prompt_chars(), None)[0], 0)
-        return OpenStream(worker, first, rest, self.metrics, prompt_cost, messages=messages)
+        return OpenStream(worker, first, rest, self.metrics, prompt_cost, messages=messages, prelude=prelude)

@@ -252,7 +252,28 @@ async def complete(
         raise route.body_error({"message": "upstream answered with a non-object JSON body"})
     if raw.get("error"):
         raise route.body_error(raw["error"])
+    if (problem := shape_problem(raw, "message")) is not None:
+        raise route.body_error({"message": f"malformed completion from upstream: {problem}"})
     return raw
+
+
+def shape_problem(raw: dict[str, Any], part: str) -> str | None:
+    """Why a completion (`part` "message") or a stream chunk ("delta") cannot be read, or None.
+
+    Valid JSON of the wrong shape (a string where the choices go, a choice that is not an object)
+    is a worker failure like invalid JSON: retried and fallen back from, never a gateway crash."""
+    choices = raw.get("choices")
+    if choices is not None and not isinstance(choices, list):
+        return f"'choices' is a {type(choices).__name__}, not a list"
+    for choice in choices or ():
+        if not isinstance(choice, dict):
+            return f"a choice is a {type(choice).__name__}, not an object"
+        if choice.get(part) is not None and not isinstance(choice[part], dict):
+            return f"a choice's '{part}' is a {type(choice[part]).__name__}, not an object"
+    usage = raw.get("usage")
+    if usage is not None and not isinstance(usage, dict):
+        return f"'usage' is a {type(usage).__name__}, not an object"
+    return None
 
 
 async def open_stream(
@@ -273,7 +294,12 @@ async def open_stream(
             if response.status >= 400:
                 content = await response.read()
                 raise route.status_error(response.status, content, response.headers)
-            chunks = _sse_chunks(route, response)
+            head = b""
+            if response.content_type == "application/json":  # a JSON body, or events mislabelled
+                head = await response.read()
+                if (error := _json_for_stream(route, head)) is not None:
+                    raise error
+            chunks = _sse_chunks(route, response, head)
             first = await anext(chunks)
     except StopAsyncIteration:
         raise route.transport_error(
@@ -290,15 +316,42 @@ async def open_stream(
     return first, chunks
 
 
-async def _sse_chunks(route: WireRoute, response: aiohttp.ClientResponse) -> AsyncIterator[dict[str, Any]]:
-    """Server-sent events → chunk dicts, until `[DONE]` or the end; errors become litellm exceptions."""
+def _json_for_stream(route: WireRoute, content: bytes) -> Exception | None:
+    """A stream request answered 200 with a JSON body: the failure it is (its error object when it
+    holds one, as some servers report an overload), or None when the body is not JSON after all
+    (events under the wrong content type, read as events)."""
+    try:
+        raw = orjson.loads(content)
+    except orjson.JSONDecodeError:
+        return None
+    if isinstance(raw, dict) and raw.get("error"):
+        return route.body_error(raw["error"])
+    return route.body_error({"message": "upstream answered a stream request with a JSON body, not events"})
+
+
+async def _pieces(response: aiohttp.ClientResponse, head: bytes) -> AsyncIterator[bytes]:
+    """The body as it arrives, after `head` (what was read of it already)."""
+    if head:
+        yield head
+    async for piece in response.content.iter_any():
+        yield piece
+
+
+async def _sse_chunks(
+    route: WireRoute, response: aiohttp.ClientResponse, head: bytes = b""
+) -> AsyncIterator[dict[str, Any]]:
+    """Server-sent events → chunk dicts, until `[DONE]` or the end; errors become litellm exceptions.
+
+    A body that ends with neither `[DONE]` nor a finish_reason was cut (a proxy or a crashed server
+    closing the connection cleanly): that is a failure like a reset, not the answer's end."""
     buffer = b""
     data: list[bytes] = []
     event = b""
     finished = False
+    answered = False  # a choice carried a finish_reason: the answer is whole even without [DONE]
     try:
         try:
-            async for piece in response.content.iter_any():
+            async for piece in _pieces(response, head) if head else response.content.iter_any():
                 buffer += piece
                 if b"\n" not in piece:
                     continue
@@ -323,14 +376,24 @@ async def _sse_chunks(route: WireRoute, response: aiohttp.ClientResponse) -> Asy
                     chunk = _decode_event(route, payload, event)
                     event = b""
                     if chunk is not None:
+                        answered = answered or _finishes(chunk)
                         yield chunk
             finished = True
+            if buffer.rstrip(b"\r").startswith(b"data:"):  # a last line without its newline
+                line = buffer.rstrip(b"\r")
+                data.append(line[6:] if line[5:6] == b" " else line[5:])
             if data:  # a last event without its blank line
                 payload = b"\n".join(data)
-                if not payload.startswith(b"[DONE]"):
-                    chunk = _decode_event(route, payload, event)
-                    if chunk is not None:
-                        yield chunk
+                if payload.startswith(b"[DONE]"):
+                    return
+                chunk = _decode_event(route, payload, event)
+                if chunk is not None:
+                    answered = answered or _finishes(chunk)
+                    yield chunk
+            if not answered:
+                raise aiohttp.ServerDisconnectedError(
+                    "the stream ended before the answer did (no finish_reason, no [DONE])"
+                )
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise route.transport_error(exc) from exc
     finally:
@@ -349,4 +412,11 @@ def _decode_event(route: WireRoute, payload: bytes, event: bytes) -> dict[str, A
         return None
     if event == b"error" or chunk.get("error"):
         raise route.body_error(chunk.get("error") or chunk)
+    if (problem := shape_problem(chunk, "delta")) is not None:
+        raise route.body_error({"message": f"malformed chunk in the stream: {problem}"})
     return chunk
+
+
+def _finishes(chunk: dict[str, Any]) -> bool:
+    """Does this chunk end a choice (carry its finish_reason)?"""
+    return any(choice.get("finish_reason") for choice in chunk.get("choices") or ())

@@ -10,7 +10,10 @@ It is the only stand-in the project allows (no real provider is reachable from C
 set per upstream model name — latency, error status (always or the first N calls), streaming
 chunk delay, a mid-stream drop, reported token counts (cached and reasoning tokens among them), a
 tool call (alone or after some text, with or without an id, its arguments in one chunk or in
-pieces) — in-process through `FakeUpstream.behave()` or over HTTP (`POST /_control/behaviour`) when it runs as its own process:
+pieces), and misbehaviour (a raw body such as a truncated JSON or a 200 error object, empty
+`choices`, a stream that stalls, ends without [DONE], carries a malformed event or a running usage
+count on every chunk) — in-process through `FakeUpstream.behave()` or over HTTP
+(`POST /_control/behaviour`) when it runs as its own process:
 
     python -m tests.fakes.upstream --port 9100 --latency-ms 5
 """
@@ -64,6 +67,17 @@ class Behaviour:
     finish_reason: str | None = None  # e.g. "length" (cut at max_tokens); None: "stop" or "tool_calls"
     ignore_stop: bool = False  # True: write past OpenAI's `stop` sequences, as some local servers do
     embedding_dimensions: int = 8  # /v1/embeddings: the vector size when the request sets no `dimensions`
+    # ---- misbehaviour on the OpenAI wire (tests/test_worker_faults_*.py) ----
+    # answer 200 with exactly this body instead of a completion (a truncated JSON, an error object, ...);
+    # for a streamed request it is the whole event stream, sent as it is
+    raw_body: str | None = None
+    raw_media_type: str | None = None  # raw_body's content type (None: JSON, or SSE for a stream request)
+    empty_choices: bool = False  # a 200 completion (or stream) whose `choices` is empty
+    stall_after_chunks: int | None = None  # stream: after N content chunks send nothing more, ever
+    end_after_chunks: int | None = None  # stream: end the body cleanly after N content chunks (no [DONE])
+    inject_after_chunks: int | None = None  # stream: after N content chunks write `inject` into the stream
+    usage_every_chunk: bool = False  # stream: the running usage on every chunk (as some providers send it)
+    inject: str = ""  # raw SSE text (e.g. "data: {not json\n\n" or an error event), then the stream goes on
     calls: int = field(default=0, repr=False)
 
 
@@ -182,6 +196,9 @@ class FakeUpstream:
         # (model, arrived, answered) per chat request, monotonic clock: which calls were in flight at once
         self.spans: deque[tuple[str, float, float]] = deque(maxlen=2000)
         self.generation = 0  # resets so far: a span is kept only if no reset came between its ends
+        # models of the streams that stopped before their end because the client went away (or the
+        # stream stalled and was given up): the gateway cancelled its worker call
+        self.abandoned: deque[str] = deque(maxlen=2000)
         self.app = Starlette(
             routes=[
                 Route("/v1/chat/completions", self._chat, methods=["POST"]),
@@ -208,6 +225,7 @@ class FakeUpstream:
         self.requests.clear()
         self.spans.clear()
         self.headers.clear()
+        self.abandoned.clear()
 
     def requests_for(self, model: str) -> list[dict[str, Any]]:
         return [r for r in self.requests if r.get("model") == model]
@@ -250,6 +268,11 @@ class FakeUpstream:
                 headers["retry-after"] = str(behaviour.retry_after_s)
             error = {"message": f"fake upstream error {behaviour.status}", "type": "server_error"}
             return JSONResponse({"error": error}, behaviour.status, headers=headers)
+        if behaviour.raw_body is not None:
+            media = behaviour.raw_media_type or (
+                "text/event-stream" if body.get("stream") else "application/json"
+            )
+            return Response(behaviour.raw_body.encode(), 200, media_type=media)
         requested = _prompt_word_count(body) + int(body.get("max_tokens") or 0)
         if behaviour.context_window is not None and requested > behaviour.context_window:
             error = {
@@ -307,25 +330,40 @@ class FakeUpstream:
         message: dict[str, Any] = {"role": "assistant", "content": content}
         if tool_call:
             message["tool_calls"] = [tool_call]
+        choices = [
+            {
+                "index": 0,
+                "message": message,
+                "logprobs": _logprobs(content) if body.get("logprobs") and not tool_call else None,
+                "finish_reason": _finish(behaviour, tool_call, cut),
+            }
+        ]
         return JSONResponse(
             {
                 "id": completion_id,
                 "object": "chat.completion",
                 "created": created,
                 "model": model,
-                "choices": [
-                    {
-                        "index": 0,
-                        "message": message,
-                        "logprobs": _logprobs(content) if body.get("logprobs") and not tool_call else None,
-                        "finish_reason": _finish(behaviour, tool_call, cut),
-                    }
-                ],
+                "choices": [] if behaviour.empty_choices else choices,
                 "usage": usage,
             }
         )
 
     async def _stream(self, body, behaviour, completion_id, created, text, usage, tool_call, cut=False):
+        """The event stream; a stream the client leaves before its end is recorded in `abandoned`."""
+        events = self._events(body, behaviour, completion_id, created, text, usage, tool_call, cut)
+        try:
+            async for piece in events:
+                if piece is None:  # the end, sent early (end_after_chunks)
+                    break
+                yield piece
+        except (asyncio.CancelledError, GeneratorExit):
+            self.abandoned.append(str(body.get("model")))
+            raise
+        finally:
+            await events.aclose()
+
+    async def _events(self, body, behaviour, completion_id, created, text, usage, tool_call, cut=False):
         model = body.get("model")
 
         def chunk(delta: dict[str, Any], finish: str | None = None, **extra: Any) -> bytes:
@@ -339,6 +377,16 @@ class FakeUpstream:
             }
             return b"data: " + orjson.dumps(payload) + b"\n\n"
 
+        def bare(**extra: Any) -> bytes:  # a chunk with no choices (e.g. the usage chunk)
+            payload = {"id": completion_id, "object": "chat.completion.chunk", "created": created}
+            return b"data: " + orjson.dumps({**payload, "model": model, "choices": [], **extra}) + b"\n\n"
+
+        if behaviour.empty_choices:  # no choice at all: an empty chunk, the usage if asked, [DONE]
+            yield bare()
+            if (body.get("stream_options") or {}).get("include_usage"):
+                yield bare(usage=usage)
+            yield b"data: [DONE]\n\n"
+            return
         yield chunk({"role": "assistant", "content": ""})
         if tool_call and behaviour.preamble:
             for word in _words(behaviour.preamble):
@@ -356,9 +404,24 @@ class FakeUpstream:
             for i, word in enumerate(_words(text)):
                 if behaviour.drop_after_chunks is not None and i >= behaviour.drop_after_chunks:
                     raise ConnectionResetError("fake upstream dropped the stream")
+                if behaviour.inject_after_chunks == i:
+                    yield behaviour.inject.encode()
+                if behaviour.end_after_chunks == i:
+                    yield None  # _stream ends the body here, cleanly
+                    return
+                if behaviour.stall_after_chunks == i:
+                    await asyncio.Event().wait()  # until the client goes away (which cancels this)
                 if behaviour.chunk_delay_s:
                     await asyncio.sleep(behaviour.chunk_delay_s)
-                yield chunk({"content": word})
+                if behaviour.usage_every_chunk:  # the running count, as Gemini's OpenAI layer sends it
+                    so_far = {
+                        **usage,
+                        "completion_tokens": i + 1,
+                        "total_tokens": usage["prompt_tokens"] + i + 1,
+                    }
+                    yield chunk({"content": word}, usage=so_far)
+                else:
+                    yield chunk({"content": word})
         yield chunk({}, _finish(behaviour, tool_call, cut))
         if behaviour.stream_usage and (body.get("stream_options") or {}).get("include_usage"):
             payload = {
