@@ -8,6 +8,11 @@ Feedback is its own record, joined to its request at training time; a score says
 from (a user, the judge worker, a calibration probe) so training can weigh each source. A judge
 call that was paid but gave no score is a feedback record too, of source `judge_unscored` with no
 score: its cost is in the ledger, and no reader takes it for a label (training skips it).
+
+A third record type, `intent`, marks a paid call sent and not ended yet (polyroute/calibrate.py
+writes one before each paid probe call, closed by the call's request record of the same id). It is
+the shape of a request record with `type: "intent"`; it is no request and no label, and every
+reader here skips it.
 """
 
 from __future__ import annotations
@@ -36,6 +41,8 @@ MAX_QUERY_CHARS = 4000
 QUERY_TAIL_CHARS = 2000
 QUERY_GAP = "\n\n"  # where characters were left out between head and tail: a paragraph break
 INDEX_SIZE = 200_000  # request ids remembered for feedback (tenant check); older ones are looked up on disk
+INTENT = "intent"  # a paid call in flight (see the module docstring): skipped by every reader
+RECORD_TYPES = ("request", "feedback", INTENT)
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,7 +231,7 @@ class Ledger:
         gateway did not write as a request record (edited by hand, another tool's) is skipped with a
         warning: the gateway must start whatever an old line holds."""
         for number, record in numbered_lines(self.path):
-            if not isinstance(record, dict) or record.get("type") not in ("request", "feedback"):
+            if not isinstance(record, dict) or record.get("type") not in RECORD_TYPES:
                 log.warning(
                     "ledger %s line %d is not a request or feedback record; skipped", self.path, number
                 )
@@ -304,8 +311,10 @@ def record_problem(record: object) -> str | None:
     The gateway writes every field checked here; a record that lacks one was edited or written by
     something else. Checked before training so the error can name the record's line instead of a
     KeyError halfway through; the fields mirror RequestRecord and FeedbackRecord."""
-    if not isinstance(record, dict) or record.get("type") not in ("request", "feedback"):
+    if not isinstance(record, dict) or record.get("type") not in RECORD_TYPES:
         return "not a ledger record (a JSON object with type request or feedback)"
+    if record["type"] == INTENT:  # a call in flight: no request, no label; training skips it
+        return None if isinstance(record.get("id"), str) and record["id"] else "intent without an id"
     if record["type"] == "feedback":
         if not isinstance(record.get("request_id"), str) or not record["request_id"]:
             return "feedback without a request_id"

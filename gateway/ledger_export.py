@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
-from gateway.ledger import numbered_lines
+from gateway.ledger import RECORD_TYPES, numbered_lines
 
 BATCH_ROWS = 10_000
 
@@ -78,7 +78,7 @@ def located_file_records(path: Path, *, warn: bool = True) -> Iterator[tuple[str
         parquet = fh.read(len(PARQUET_MAGIC)) == PARQUET_MAGIC
     located = located_parquet_records(path) if parquet else located_jsonl_lines(path, warn=warn)
     for where, record in located:
-        if not isinstance(record, dict) or record.get("type") not in ("request", "feedback"):
+        if not isinstance(record, dict) or record.get("type") not in RECORD_TYPES:
             raise ValueError(f"{where}: not a ledger record (no type request/feedback)")
         yield where, record
 

@@ -48,7 +48,9 @@ import contextlib
 import hashlib
 import json
 import math
+import os
 import secrets
+import socket
 import statistics
 import threading
 import time
@@ -60,6 +62,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+from gateway.ledger import INTENT
 from policies import (
     BilledRate,
     Catalog,
@@ -85,6 +88,12 @@ MAX_FAILURES_IN_A_ROW = (
     5  # then a worker's other pairs wait for a rerun: a dead worker costs minutes, not hours
 )
 READ_CHARS = 200  # what the grader read, as kept in the ledger's trace
+# INTENT (gateway/ledger.py) is the record of a paid call sent and not ended yet: written (and, with
+# Redis, flushed) before the call is sent, closed by the call's outcome (a request record of the same
+# id). A run killed outright (SIGKILL, a crash, the machine) leaves it open, and the next run books it
+# (see `lost_calls`).
+IN_FLIGHT = 102  # an intent's status: sent, no outcome yet ("Processing")
+STOPPED = 499  # a call sent and never answered: the client (this run) went away
 USAGE_MISSING = "missing: booked at the hold"  # trace.calibration.usage of an answer without usage
 
 
@@ -131,6 +140,66 @@ def graded_pairs(records: Iterable[dict]) -> dict[tuple[str, str], Graded]:
     return {key: graded for key, (_, graded) in grades.items()}
 
 
+@dataclass(frozen=True, slots=True)
+class LostCall:
+    """A paid call an earlier run sent and never recorded the outcome of: its intent record, open."""
+
+    record: dict  # the intent, as the ledger holds it
+    hold: Decimal  # what the call was held at: the most it may cost
+
+    @property
+    def worker(self) -> str:
+        return str(self.record.get("model"))
+
+
+def lost_calls(records: Iterable[dict], alive: Callable[[dict], bool] | None = None) -> list[LostCall]:
+    """The calibration intents no request record of the same id closes: calls an earlier run sent
+    and was killed before it could record (SIGKILL, a crash), which the provider may still bill. An
+    intent of a run still going (`alive`, by default: its process still runs on this host) is in
+    flight, not lost."""
+    alive = alive or _run_alive
+    intents: dict[str, dict] = {}
+    closed: set[str] = set()
+    for record in records:
+        kind, request_id = record.get("type"), record.get("id")
+        if not isinstance(request_id, str):
+            continue
+        if kind == INTENT and record.get("strategy") == CALIBRATION:
+            if isinstance(record.get("tenant"), str) and isinstance(record.get("model"), str):
+                intents.setdefault(request_id, record)
+        elif kind == "request":
+            closed.add(request_id)
+    lost = []
+    for request_id, intent in intents.items():
+        if request_id in closed or alive(intent):
+            continue
+        in_flight = ((intent.get("trace") or {}).get(CALIBRATION) or {}).get("in_flight") or {}
+        micros = in_flight.get("hold_micros")
+        hold = Decimal(micros) / 1_000_000 if isinstance(micros, int) and micros >= 0 else Decimal(0)
+        lost.append(LostCall(intent, hold))
+    return lost
+
+
+def _run_alive(intent: dict) -> bool:
+    """Whether the run that wrote `intent` still runs: its process on this host, not ended (a
+    zombie has ended). A run on another host cannot be asked: its open intents count as lost."""
+    in_flight = ((intent.get("trace") or {}).get(CALIBRATION) or {}).get("in_flight") or {}
+    pid = in_flight.get("pid")
+    if in_flight.get("host") != socket.gethostname() or not isinstance(pid, int) or pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process of that id runs
+        return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_bytes()
+    except OSError:  # no /proc (not Linux): the signal said it runs
+        return True
+    return stat[stat.rindex(b")") + 2 :].split()[0] != b"Z"
+
+
 # ---- the plan ---------------------------------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
 class Pair:
@@ -149,6 +218,12 @@ class Plan:
     # worker -> policy rule -> pairs the policy in force excludes: not planned, nothing sent
     excluded: dict[str, Counter[str]] = field(default_factory=dict)
     reasons: dict[str, str] = field(default_factory=dict)  # policy rule -> its reason (the first seen)
+    # calls earlier runs sent and were killed before recording (`lost_calls`): this run books them
+    lost: list[LostCall] = field(default_factory=list)
+
+    @property
+    def lost_usd(self) -> Decimal:
+        return sum((call.hold for call in self.lost), Decimal(0))
 
     @property
     def excluded_pairs(self) -> int:
@@ -256,13 +331,14 @@ def make_plan(
 ) -> Plan:
     """The pairs to call. With `engine` (the policy in force), a pair it excludes is not planned:
     it is counted under its rule in `excluded` (the run evaluates every call again, in case the
-    policy changes meanwhile)."""
+    policy changes meanwhile). Calls an earlier run left in flight, killed, are in `lost`."""
     workers, unavailable = choose_workers(catalog, names, local_enabled)
     probes = probe_set.select(count, seed)
+    records = records if isinstance(records, list) else list(records)
     graded = graded_pairs(records)
     pending = [Pair(p, w) for p in probes for w in workers if (w.name, p.id) not in graded]
     done = sum((w.name, p.id) in graded for p in probes for w in workers)
-    plan = Plan(probe_set, probes, workers, unavailable, done, pending)
+    plan = Plan(probe_set, probes, workers, unavailable, done, pending, lost=lost_calls(records))
     if engine is None:
         return plan
     kept = []
@@ -353,6 +429,8 @@ class RunResult:
     unavailable: dict[str, str]  # workers dropped at the start (a local worker that did not start)
     blocked: tuple[str, Decimal] | None = None  # the call that did not fit under the cap: worker, hold
     cap: Decimal | None = None
+    lost: int = 0  # calls earlier runs left in flight, booked by this one (in `spent`, at their holds)
+    lost_usd: Decimal = Decimal(0)
 
     @property
     def errors(self) -> int:
@@ -434,6 +512,8 @@ class Runner:
         # The one call in flight of a priced worker that has not answered yet (see the module docstring).
         self.unmeasured_call: str | None = None
         self._changed: asyncio.Event | None = None
+        self.run_id = uuid.uuid4().hex  # names this run's intents (see `_intend`)
+        self._flushing = asyncio.Lock()  # one flush of a Redis ledger at a time: none sends a batch twice
 
     # -- the cap ---------------------------------------------------------------------------------
     def _priced(self, worker: Worker) -> bool:
@@ -484,6 +564,48 @@ class Runner:
         if self._changed is not None:
             self._changed.set()
             self._changed = asyncio.Event()
+
+    # -- calls in flight --------------------------------------------------------------------------
+    async def _stored(self) -> bool:
+        """Whether what was written to the ledger is stored where a killed process cannot lose it.
+        The file ledger writes each record through at once; Redis's buffers it, so it is flushed
+        now: False when some of it cannot be sent (Redis unreachable)."""
+        ledger = self.state.ledger
+        while ledger.buffered:
+            async with self._flushing:
+                if ledger.buffered and not await asyncio.to_thread(ledger.flush):
+                    return False
+        return True
+
+    async def _book_lost(self) -> None:
+        """Book the calls earlier runs left in flight (`Plan.lost`): each as stopped (status 499) at
+        its hold, the most it may cost, in the ledger (which closes its intent: no later run books it
+        again) and in this run's spend, so the cap counts it. Before any call of this run."""
+        from gateway.ledger import RequestRecord
+        from gateway.store import to_micros
+
+        fields = set(RequestRecord.__dataclass_fields__) - {"type", "status", "worker", "cost_micros", "at"}
+        for call in self.plan.lost:
+            intent = call.record
+            trace = dict((intent.get("trace") or {}).get(CALIBRATION) or {})
+            trace.pop("in_flight", None)
+            trace["error"] = (
+                f"lost in flight: the run that sent it to {call.worker} ended without its outcome (killed); "
+                f"booked by a later run at its hold, the most it may cost, ${call.hold:.6f}"
+            )
+            kept = {name: intent[name] for name in fields if name in intent}
+            if isinstance(kept.get("fallbacks"), list):
+                kept["fallbacks"] = tuple(kept["fallbacks"])
+            self.state.ledger.record_request(
+                RequestRecord(
+                    **{**kept, "trace": {CALIBRATION: trace}},
+                    worker=None,
+                    status=STOPPED,
+                    cost_micros=to_micros(call.hold),
+                )
+            )
+            self.spent += call.hold
+        await self._flush()
 
     # -- one pair --------------------------------------------------------------------------------
     def _admission(self, chat, worker: Worker):
@@ -568,6 +690,13 @@ class Runner:
 
         try:
             try:
+                if hold > 0 and not await self._intend(common, trace, hold):
+                    record_failure(503, "not sent: the ledger could not store its in-flight record")
+                    raise CalibrationError(
+                        "the ledger cannot be written (Redis unreachable?): a paid call is sent only once "
+                        "its in-flight record is stored, so that a run killed meanwhile leaves a trace of "
+                        "it; run the same command again once the ledger is reachable"
+                    )
                 async with asyncio.timeout(self.state.settings.request_timeout_s):
                     completion = await self.state.client.complete(worker, self.state.api_base(worker), chat)
             finally:
@@ -587,9 +716,12 @@ class Runner:
             return "error"
         latency = round((time.perf_counter() - started) * 1000, 2)
         cost = completion.cost_usd
-        if completion.prompt_tokens <= 0 and completion.completion_tokens <= 0:
-            # The provider reported no usage, so its cost is unknown (litellm computes $0): book the
-            # most the call could cost, so the cap and the ledger see it. Nothing is learnt for the holds.
+        if completion.usage_estimated or (
+            completion.prompt_tokens <= 0 and completion.completion_tokens <= 0
+        ):
+            # The provider reported no usage, so what it bills is unknown (the gateway's own count of
+            # the tokens is an estimate, and litellm's price of none is $0): book the most the call
+            # could cost, so the cap and the ledger see it. Nothing is learnt for the holds.
             cost = max(cost, hold)
             trace["usage"] = USAGE_MISSING
             if hold > 0:
@@ -648,6 +780,32 @@ class Runner:
         tally.score_sum += result.score
         return "graded"
 
+    async def _intend(self, common: dict[str, Any], trace: dict[str, Any], hold: Decimal) -> bool:
+        """Write the paid call's intent (type INTENT, status IN_FLIGHT, its hold) and make it stored
+        before the call is sent: a run killed while the call is in flight (SIGKILL, a crash) leaves
+        it open, and the next run books the call (`lost_calls`). Ctrl-C and SIGTERM close it as
+        every outcome does, by the call's request record. False when it cannot be stored."""
+        from gateway.ledger import RequestRecord
+        from gateway.store import to_micros
+
+        in_flight = {
+            "hold_micros": to_micros(hold),
+            "run": self.run_id,
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+        }
+        self.state.ledger.record_request(
+            RequestRecord(
+                **common,
+                worker=None,
+                status=IN_FLIGHT,
+                fallbacks=(common["model"],),
+                trace={CALIBRATION: {**trace, "in_flight": in_flight}},
+                type=INTENT,
+            )
+        )
+        return await self._stored()
+
     async def _grade(self, probe: Probe, text: str):
         """The grade; a code answer's tests run in a thread of their own (they block, up to the
         probe's timeout) that a cancelled run does not wait for (:func:`in_daemon_thread`)."""
@@ -671,11 +829,14 @@ class Runner:
 
     async def _flush(self) -> None:
         if self.state.stores.backend == "redis":
-            await asyncio.to_thread(self.state.ledger.flush)
+            async with self._flushing:
+                await asyncio.to_thread(self.state.ledger.flush)
 
     async def run(self) -> RunResult:
         check_policy(self.state.policy.engine, self.state.policy.last_error)
-        await self._start_local()
+        await self._book_lost()
+        if self.plan.pending:
+            await self._start_local()
         self._changed = asyncio.Event()
         for index, pair in enumerate(self.plan.pending):
             if pair.worker.name not in self.dropped:
@@ -718,6 +879,8 @@ class Runner:
             unavailable=dict(self.dropped),
             blocked=self.blocked,
             cap=self.cap,
+            lost=len(self.plan.lost),
+            lost_usd=self.plan.lost_usd,
         )
 
 

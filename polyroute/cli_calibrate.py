@@ -4,7 +4,9 @@ Reads the settings a gateway would (POLYROUTE_*, REDIS_URL), prints the plan and
 then (unless --dry-run) runs it with a progress bar showing the spend, and fits what was graded.
 Exit codes: 0 done (or stopped at the cap: rerun to resume), 1 some calls failed (rerun retries
 them), 2 bad input or a state the run cannot start from, 130 stopped by Ctrl-C and 143 by SIGTERM
-(the calls in flight are recorded as stopped; rerun to resume).
+(the calls in flight are recorded as stopped; rerun to resume). A run killed outright (SIGKILL)
+records nothing more, but each paid call it had in flight left an intent in the ledger, which the
+next run books as stopped at its hold and counts against its cap (polyroute/calibrate.py).
 """
 
 from __future__ import annotations
@@ -71,7 +73,22 @@ def _excluded(plan) -> str:
     )
 
 
-def _print_plan(plan, cap: Decimal, seed: int) -> Decimal:
+def _lost(plan, dry_run: bool) -> str:
+    """The one line on calls earlier runs left in flight (killed before recording their outcome)."""
+    n = len(plan.lost)
+    workers = ", ".join(sorted({call.worker for call in plan.lost}))
+    calls, were, them, holds = (
+        ("calls", "were", "them", "their holds") if n > 1 else ("call", "was", "it", "its hold")
+    )
+    booked = "a real run books them" if dry_run else "booked"
+    return (
+        f"[yellow]{n} {calls} to {workers} {were} in flight when an earlier run was killed[/] (no outcome in "
+        f"the ledger; the provider may bill {them}): {booked} as stopped (status 499) at {holds}, "
+        f"{_usd(plan.lost_usd)}, counted against this run's cap"
+    )
+
+
+def _print_plan(plan, cap: Decimal, seed: int, dry_run: bool = False) -> Decimal:
     from polyroute.calibrate import estimate
 
     kinds: dict[str, int] = {}
@@ -87,6 +104,8 @@ def _print_plan(plan, cap: Decimal, seed: int) -> Decimal:
         console.print(f"resuming: {plan.done} (worker, probe) pairs were graded by an earlier run")
     if plan.excluded:
         console.print(f"[yellow]excluded by the policy, not sent[/]: {_excluded(plan)}")
+    if plan.lost:
+        console.print(_lost(plan, dry_run))
     table = Table("worker", "calls", "estimated", "at most (max_tokens)", title="estimated cost")
     expected_total = worst_total = Decimal(0)
     for row in estimate(plan):
@@ -243,14 +262,14 @@ def calibrate_command(
         raise _fail(str(exc)) from None
     if not plan.workers:
         raise _fail("no worker can be called: " + "; ".join(f"{n}: {r}" for n, r in plan.unavailable.items()))
-    _print_plan(plan, cap, seed)
+    _print_plan(plan, cap, seed, dry_run)
     if dry_run:
         console.print("dry run: nothing was sent")
         return
     root = Path(settings.router_dir or Path(settings.data_dir) / "router")
     _quiet_logs()
     result = None
-    if plan.pending:
+    if plan.pending or plan.lost:  # a run books the calls earlier runs lost, even with nothing to send
         with Progress(
             TextColumn("[bold]calibrating[/]"),
             BarColumn(),
@@ -302,11 +321,17 @@ def calibrate_command(
             left = f"; {result.left} calls left for a rerun" if result.left else ""
             console.print(f"done: {_usd(result.spent)} spent{left}")
         if result.over_cap:
-            console.print(
-                f"[bold red]warning: this run spent {_usd(result.spent)}, more than its cap of {_usd(cap)}[/]: "
+            why = (
                 "answers were billed more than their holds allowed for (see the spent column: a "
                 "provider that bills more tokens than predicted, or more output than max_tokens)"
             )
+            if result.spent - result.lost_usd <= cap:
+                why = (
+                    "the calls earlier runs left in flight, booked at their holds "
+                    f"({_usd(result.lost_usd)}), passed it"
+                )
+            over = f"this run spent {_usd(result.spent)}, more than its cap of {_usd(cap)}"
+            console.print(f"[bold red]warning: {over}[/]: {why}")
     else:
         excluded = f", {plan.excluded_pairs} excluded by the policy" if plan.excluded else ""
         console.print(f"nothing to send: {plan.done} (worker, probe) pairs are graded{excluded}")

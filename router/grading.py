@@ -4,7 +4,7 @@ One grader per answer type (router/probes), each reading answers the way workers
 
 | type   | reads                                                         | score                        |
 |--------|---------------------------------------------------------------|------------------------------|
-| choice | the chosen letter ("C", "(C)", "The answer is C", "**C**", `\\boxed{C}`, a closing line "**C) Jupiter**") | 1 if it is the gold letter |
+| choice | the committed letter ("C", "(C)", "The answer is C", "**C**", `\\boxed{C}`, "I'd go with C", "C is correct", a closing line "**C) Jupiter**"); none for "A or C" or a walk through the options that commits to none | 1 if it is the gold letter |
 | number | `\\boxed{..}`, else after "Answer:"/"**Answer**:"/"####"/"answer is", else the last number; fractions, `1\\,234` too, and `1 234` after a marker | 1 if equal within `rel_tol` |
 | match  | the answer, SQuAD-normalised (case, punctuation, articles, accents) | 1 if an accepted answer appears in it, else token F1 (`partial: f1`) or 0 |
 | code   | the answer's Python (its fenced blocks joined, or the whole answer) | 1 if every test passes, else 0 |
@@ -21,7 +21,9 @@ boundary against a determined answer (see that module).
 Pure functions; reading an answer never raises (a grader that cannot read an answer scores it 0
 and says so in `detail`). Shared readers (choice letters, span normalisation, Python extraction)
 come from router/answers.py, so a letter is read the same way here and in the cascade. What only a
-grader reads is here, on top of them: a closing option line ("**C) Jupiter**" after the reasoning)
+grader reads is here, on top of them: the commitment of an answer that goes through the options ("A)
+Mars is too small … C) Jupiter is the largest, so the answer is C"; its leading "A)" is no choice,
+and "the answer is A or C" is none), a closing option line ("**C) Jupiter**" after the reasoning)
 and code split over several fenced blocks (an import or a helper, then the function). They stay
 out of router/answers.py on purpose: its readers also serve the live planner and the offline
 evaluation, whose published figures and code-run cache depend on them as they are.
@@ -60,46 +62,253 @@ _MARKDOWN = re.compile(r"[*_`]+")
 _BRACKETED = re.compile(r"[\(\[]([A-J])[\)\]]")
 _OPTION_LINE = re.compile(r"[\(\[]?([A-J])\)")  # a line that starts "C)" or "(C)": an option as listed
 _OPTION_NAMED = re.compile(r"(?<![A-Za-z0-9])[\(\[]?([A-J])\)")
+_AFTER = r"(?![A-Za-z0-9_'’])"  # "B" but not "Based", "B2" or "I'm"
+_B = r"[^\S\n]"  # a blank within a line: no reader crosses a line end between a marker and its letter
+# An option as a committed answer names it: "C", "C)", "(C)", "option C", "choice (C)".
+_NAMED = rf"(?:(?i:option|choice){_B}+)?[\(\[]?(?P<letter>[A-J]){_AFTER}"
+# The explicit answer, as router.answers reads it (the planner's marker): "The answer is (B)",
+# "Answer: C", "answer: d" (lower case only where it cannot be a word, see _answer_letter).
+_ANSWER = re.compile(r"\b(?i:answer)\s*(?:(?i:is)\s*)?(?::\s*)?([\(\[]?)(?P<letter>[A-Ja-j])" + _AFTER)
+_WRAPPER = re.compile(r"\\[A-Za-z]+\{([^{}]*)\}")  # \text{B}, \textbf{B}, \mathrm{B}
+_BOXED_OPTION = re.compile(r"[\(\[]?([A-Ja-j])(?:[\)\]\.:]|$)")
+_ALONE_AFTER = re.compile(r"[^\S\n]*(?:[\)\]\.:,;!?*]|\n|$)")  # nothing but punctuation after it
+# Other ways an answer commits to one option, each followed by the option (group "letter").
+_COMMITS = (
+    # "the correct option is C", "the right choice: (C)", "the final one would be C"
+    re.compile(
+        rf"\b(?i:correct|right|final){_B}+(?i:option|choice|one|pick)"
+        rf"(?:{_B}+(?i:is|would{_B}+be))?(?:{_B}*:)?{_B}*" + _NAMED
+    ),
+    # "I'd go with C", "I choose (C)", "picking option C"
+    re.compile(
+        rf"\b(?i:choose|chose|choosing|pick|picked|picking|select|selected|selecting"
+        rf"|go{_B}+with|going{_B}+with|opt{_B}+for|settle{_B}+on){_B}+" + _NAMED
+    ),
+    # "so C.", "Therefore, C) Jupiter.", "so it's (C)", "That leaves C": checked by _ends_a_claim
+    re.compile(
+        rf"\b(?i:so|therefore|thus|hence|leaves|leaving)(?:{_B}*,)?{_B}*"
+        rf"(?:(?i:it's|it{_B}+is|it{_B}+must{_B}+be|that's|that{_B}+is|only|us{_B}+with){_B}+)?" + _NAMED
+    ),
+)
+# "C is correct", "C) is right", "C) Jupiter is the correct answer", "Option C (Jupiter) is the answer":
+# the option comes first. Words between a bare letter and "is" are not allowed ("A planet is the
+# right answer" names no option); after "C)" or "option C" up to four are (the option's text).
+_IS_RIGHT = re.compile(
+    rf"(?<![A-Za-z0-9])(?:(?:(?i:option|choice){_B}+[\(\[]?(?P<named>[A-J])[\)\]]?"
+    rf"|[\(\[]?(?P<listed>[A-J])[\)\]])"
+    rf"(?:{_B}+\([^()\n]{{0,60}}\)|(?:{_B}+[^\s.!?;,()]+){{0,4}}?)|(?P<bare>[A-J]))"
+    rf"{_B}+(?i:is){_B}+(?:(?i:the){_B}+)?(?:(?i:correct|right)\b|(?i:answer)\b)"
+)
+_VERB = re.compile(r"\b(?:is|are|was|were|am|would|could|can|cannot|can't|does|doesn't|has|have|seems?)\b")
+# Another option right after the one read: "A or C", "(A) or (C)", "A, C", "A) Mars or C) Jupiter".
+_OTHER_NEAR = re.compile(
+    rf"[\)\]]?{_B}*(?:,|/|&|\bor\b|\band\b){_B}*(?:(?i:option|choice){_B}+)?[\(\[]?(?P<letter>[A-J]){_AFTER}"
+)
+_OTHER_FAR = re.compile(
+    rf"[\)\]](?:{_B}+[^\s,/&()\[\]]+){{1,4}}?{_B}*(?:,|\bor\b|\band\b){_B}*[\(\[]?(?P<letter>[A-J])[\)\]]"
+)
+_OTHER_BEFORE = re.compile(
+    rf"(?<![A-Za-z0-9])[\(\[]?[A-J][\)\]]?{_B}*(?:,|/|&|\bor\b|\band\b){_B}*(?:(?i:option|choice){_B}+)?$"
+)
+# An option named where a sentence, a line or a list item starts, as an answer that goes through the
+# options names them: "A) Mars …", "(B) …", "- C. …" (at a line start only), "Option D …", "A is …".
+_SENTENCE_START = rf"(?:\A|(?<=[\n.;:!?…,])){_B}*(?:[-*•>]+{_B}*|\d{{1,3}}[.)]{_B}*)?"
+_LABEL = re.compile(
+    _SENTENCE_START
+    + rf"(?:(?i:option|choice){_B}+[\(\[]?(?P<named>[A-J]){_AFTER}|[\(\[](?P<bracketed>[A-J])[\)\]]"
+    + rf"|(?P<listed>[A-J])[\)\]]|(?P<bare>[A-J])(?={_B}+(?:is|are|was|seems)\b))"
+)
+_LINE_LABEL = re.compile(rf"(?m)^{_B}*(?:[-*•>]+{_B}*)?(?P<letter>[A-J])[.:]{_B}")
+# A verdict inside one option's part of a walk: "C) Jupiter - correct", "C) … This is correct.", "✓".
+_RIGHT_VERDICT = re.compile(
+    rf"(?:[-—–:→=]|\b(?i:is|are)\b){_B}*(?:(?i:the){_B}+)?(?i:correct|right)\b"
+    rf"(?!{_B}+(?i:if|only|when|about|that|to|in)\b)|\((?i:correct|right)\)|[✓✔✅]"
+)
+# A leading option called wrong ("A is wrong", "A) is too small", "A - incorrect", "A ✗"): not the choice.
+_WRONG_LEAD = re.compile(
+    rf"[\)\]]?{_B}*(?:(?:is|are|seems){_B}+(?:wrong|incorrect|false|not\b|out\b|too\b)"
+    rf"|[-—–:]{_B}*(?i:wrong|incorrect|false)|[✗✘❌])"
+)
+_LEAD = re.compile(rf"\s*(?:(?i:option|choice){_B}+)?[\(\[]?(?P<letter>[A-J])(?:[\)\]\.:,]|{_B}|$)")
 
 
-def _closing_option(plain: str, letters: str) -> str | None:
-    """The letter of the answer's last line when that line starts with an option letter and a
-    closing paren ("The largest planet is Jupiter.\n\nC) Jupiter"), names no other option ("(A) or
-    (B)") and the line before it is no option line (a listing of the options chooses none)."""
-    lines = [line.strip() for line in plain.splitlines() if line.strip()]
-    if not lines or (found := _OPTION_LINE.match(lines[-1])) is None or found.group(1) not in letters:
+def _another_option(text: str, end: int, letters: str) -> bool:
+    """Another offered option is named as an alternative right after position `end` ("A or C",
+    "(A) or (C)", "A) Mars or C) Jupiter"): the read option is not a commitment. "C, not A" and
+    "C, and A is wrong" name no alternative."""
+    for pattern in (_OTHER_NEAR, _OTHER_FAR):
+        found = pattern.match(text, end)
+        if found is not None and found.group("letter") in letters:
+            rest = text[found.end() : found.end() + 20].lstrip(")] ")
+            if _VERB.match(rest) is None:
+                return True
+    return False
+
+
+def _ends_a_claim(text: str, end: int) -> bool:
+    """After "so"/"therefore"/"leaves", the option ends the sentence ("so C.", "Therefore, C)
+    Jupiter."): "so A) Mars is too small" and "Therefore, B and C are wrong" say something about
+    an option without choosing it."""
+    rest = re.split(r"[.!?;\n]", text[end : end + 80], maxsplit=1)[0]
+    return _VERB.search(rest) is None
+
+
+def _answer_letter(found: re.Match[str]) -> str | None:
+    """An explicit answer's letter; a lower-case one only where it cannot be a word, as the planner
+    reads it: "answer: d" and "answer is (a)" name a letter, "the answer is a drought" does not."""
+    bracket, letter = found.group(1), found.group("letter")
+    if letter.islower() and not bracket and not _ALONE_AFTER.match(found.string, found.end()):
         return None
-    if {m.group(1) for m in _OPTION_NAMED.finditer(lines[-1])} != {found.group(1)}:
+    return letter.upper()
+
+
+def _boxed_option(plain: str, letters: str) -> str | None:
+    """The option in the last `\\boxed{}` ("\\boxed{C}", "\\boxed{\\text{(C)}}", "\\boxed{C) Jupiter}"),
+    read as the planner reads it; "" when the box names it with an alternative ("\\boxed{A \\text{ or
+    } C}"), None when the box holds no option."""
+    content = last_boxed(plain)
+    if content is None:
+        return None
+    core = _WRAPPER.sub(r"\1", content).strip(" $*\t\n")
+    found = _BOXED_OPTION.match(core)
+    if found is None or (letter := found.group(1).upper()) not in letters:
+        return None
+    return "" if _another_option(core, found.end(1), letters) else letter
+
+
+def _commitment(plain: str, letters: str) -> tuple[bool, str | None]:
+    """The option the answer commits to, and whether it commits at all: `\\boxed{C}`, else the last
+    explicit answer ("so the answer is C"), else the last other commitment ("I'd go with C", "C is
+    correct", "Therefore, C) Jupiter."). (True, None) when that commitment names another option as
+    an alternative ("the answer is A or C"): a hedged final answer is no choice."""
+    boxed = _boxed_option(plain, letters)
+    if boxed is not None:
+        return True, boxed or None
+    answers = [
+        (m, letter) for m in _ANSWER.finditer(plain) if (letter := _answer_letter(m)) and letter in letters
+    ]
+    if answers:
+        found, letter = answers[-1]
+        return True, None if _another_option(plain, found.end(), letters) else letter
+    others: list[tuple[int, str, bool]] = []
+    for index, pattern in enumerate(_COMMITS):
+        for found in pattern.finditer(plain):
+            letter = found.group("letter")
+            if letter not in letters or (index == 2 and not _ends_a_claim(plain, found.end())):
+                continue
+            others.append((found.start("letter"), letter, _another_option(plain, found.end(), letters)))
+    for found in _IS_RIGHT.finditer(plain):
+        letter = found.group("named") or found.group("listed") or found.group("bare")
+        if letter in letters:
+            start = found.start()
+            hedged = _OTHER_BEFORE.search(plain[max(0, start - 40) : start]) is not None
+            others.append((start, letter, hedged))
+    if not others:
+        return False, None
+    _, letter, hedged = max(others)
+    return True, None if hedged else letter
+
+
+def _labels(plain: str, letters: str) -> list[tuple[int, str]]:
+    """The offered options named where a sentence, line or list item starts, in order: how an answer
+    that goes through the options names them."""
+    found = [
+        (m.start(), letter)
+        for m in _LABEL.finditer(plain)
+        if (letter := m.group("named") or m.group("bracketed") or m.group("listed") or m.group("bare"))
+        in letters
+    ]
+    found += [
+        (m.start(), m.group("letter")) for m in _LINE_LABEL.finditer(plain) if m.group("letter") in letters
+    ]
+    return sorted(set(found))
+
+
+def _walks_through_options(labels: list[tuple[int, str]]) -> bool:
+    """The answer goes through the options ("A) Mars is too small … C) Jupiter is the largest."):
+    it names two or more at sentence starts, the first being the lowest letter it names. Its leading
+    "A)" is where it starts going through them, not a choice. An answer that leads with its choice
+    and then names others ("C) Jupiter. A) Mars is too small.") starts above the lowest."""
+    named = list(dict.fromkeys(letter for _, letter in labels))
+    return len(named) >= 2 and named[0] == min(named)
+
+
+def _single_verdict(plain: str, labels: list[tuple[int, str]]) -> str | None:
+    """In a walk through the options, the one option whose part says it is right ("C) Jupiter -
+    correct", "C) … This is correct.", "C) Jupiter ✓"), when exactly one does."""
+    bounds = [start for start, _ in labels] + [len(plain)]
+    right = {
+        letter
+        for (start, letter), end in zip(labels, bounds[1:], strict=True)
+        if _RIGHT_VERDICT.search(plain, start + 1, end) is not None
+    }
+    return right.pop() if len(right) == 1 else None
+
+
+def _closing_line(plain: str, letters: str) -> str | None:
+    """The answer's last line when it is its choice: a letter alone ("…\\n\\nC"), or an option line
+    ("…\\n\\n**C) Jupiter**") that names no other option and either does not follow an option line
+    (a listing of the options chooses none) or restates an option named above (the choice after a
+    walk through the options)."""
+    lines = [line.strip() for line in plain.splitlines() if line.strip()]
+    if not lines:
+        return None
+    last = lines[-1].strip(" .")
+    if len(last) == 1 and last in letters:
+        return last
+    if (found := _OPTION_LINE.match(lines[-1])) is None or found.group(1) not in letters:
+        return None
+    letter = found.group(1)
+    if {m.group(1) for m in _OPTION_NAMED.finditer(lines[-1])} != {letter}:
         return None
     if len(lines) > 1 and _OPTION_LINE.match(lines[-2]):
-        return None
-    return found.group(1)
+        above = "\n".join(lines[:-1])
+        if letter not in {m.group(1) for m in _OPTION_NAMED.finditer(above)}:
+            return None
+    return letter
 
 
-_BARE_OPTION = re.compile(r"(?<![A-Za-z0-9(\[])([A-J])\)")  # "C)" as options are listed, not "(C)"
-
-
-def _walks_through_options(plain: str, letters: str) -> bool:
-    """The answer goes through the options in order ("A) Mars is rocky. B) Venus is hot. C) Jupiter
-    is the largest."): the first options, up to three, are named as listed, in order. Its leading "A)"
-    is where the listing starts, not a choice."""
-    named = list(dict.fromkeys(m.group(1) for m in _BARE_OPTION.finditer(plain)))
-    first = letters[: min(3, len(letters))]
-    return len(first) >= 2 and "".join(named[: len(first)]) == first
+def _lone_letter_line(plain: str, letters: str) -> str | None:
+    """The first line that holds only an offered letter ("C" before the reasoning)."""
+    for line in plain.splitlines():
+        core = line.strip(" .")
+        if len(core) == 1 and core in letters:
+            return core
+    return None
 
 
 def chosen_letter(answer: str, letters: str) -> str | None:
-    """The option chosen: router.answers.choice_key on the answer without markdown emphasis
-    ("The answer is: **C**", "**Final Answer** \\boxed{C}"), else a closing option line ("… so it
-    is Jupiter.\n\n**C) Jupiter**"), else the one offered letter the answer names in brackets ("I'd
-    pick (C) iron", "The answer is a drought (C)"); None when it names none or several ("A or B"),
-    or when it walks through the options in order without marking one ("A) Mars is rocky. B) …")."""
+    """The option the answer commits to, or None when it commits to none.
+
+    In order: a lone letter ("C", "c"); a commitment (`\\boxed{C}`, the last "the answer is C" /
+    "Answer: C", else the last "I'd go with C", "the correct option is C", "C is correct", "so C.",
+    "Therefore, C) Jupiter.", "That leaves C"), unless it names another option as an alternative
+    ("the answer is A or C": none); a closing line that is the choice ("…\\n\\n**C) Jupiter**").
+    An answer that goes through the options ("A) Mars is too small … C) Jupiter is the largest")
+    chooses only so, or by the one option it calls right ("C) Jupiter - correct"): its leading
+    "A)" is no choice. Otherwise router.answers.choice_key on the answer without markdown (a
+    leading "C) Jupiter", "option C", a line holding only "C"), else the one offered letter it names
+    in brackets ("I'd pick (C) iron"); a leading option named with another as an alternative ("A)
+    Mars or C) Jupiter", "A or B") or called wrong ("A is wrong") chooses none."""
     plain = _MARKDOWN.sub("", answer or "").replace("is:", "is")
-    if _walks_through_options(plain, letters):  # only a marker ("so the answer is C") chooses
-        plain = _BARE_OPTION.sub(" ", plain)
-    if len(plain.strip(" .\n")) == 1 and plain.strip(" .\n").upper() in letters:
-        return plain.strip(" .\n").upper()  # a lone letter, even lower case
-    chosen = choice_key(plain, letters) or _closing_option(plain, letters)
+    core = plain.strip(" .\n")
+    if len(core) == 1 and core.upper() in letters:
+        return core.upper()  # a lone letter, even lower case
+    commits, letter = _commitment(plain, letters)
+    if commits:
+        return letter
+    if (closing := _closing_line(plain, letters)) is not None:
+        return closing
+    labels = _labels(plain, letters)
+    if _walks_through_options(labels):
+        return _single_verdict(plain, labels) or _lone_letter_line(plain, letters)
+    lead = _LEAD.match(plain)
+    if lead is not None and lead.group("letter") in letters:
+        if _another_option(plain, lead.end("letter"), letters) or _WRONG_LEAD.match(
+            plain, lead.end("letter")
+        ):
+            return None
+    chosen = choice_key(plain, letters)
     if chosen is not None:
         return chosen
     named = {m.group(1) for m in _BRACKETED.finditer(plain) if m.group(1) in letters}

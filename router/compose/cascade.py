@@ -6,6 +6,13 @@ not just the next-cheapest). A worker predicted to cost more than the strongest 
 before it: the cheapest answers first, and paying more for a weaker answer is never a level. The
 acceptance threshold follows the request's cost weight (`acceptance_threshold`). A member that fails is skipped (the next one answers); when the
 ceiling stops the chain, the best answer so far is returned and the trace says so.
+
+When the strongest is also predicted cheapest, the chain is that worker alone: there is nobody to
+escalate from. The pool's other workers then stay as fallbacks, cheapest first and `depth - 1` at
+most (a cascade never has more than `depth` workers answer): one answers only when the strongest
+failed, and its answer is kept as fast mode keeps a fallback's, unverified (nobody is left to
+escalate to that is stronger). Without them one failure of the strongest was a 502 where fast mode
+would have answered from another admissible worker.
 """
 
 from __future__ import annotations
@@ -37,6 +44,19 @@ def chain(
     return [*cheaper[: max(0, depth - 1)], strongest]
 
 
+def fallbacks(
+    pool: tuple[Worker, ...], depth: int, cost: Callable[[Worker], Decimal] | None = None
+) -> list[Worker]:
+    """The workers that answer, cheapest first by `cost` (list price without one), when a one-level
+    chain's strongest worker (pool[0], also the cheapest) fails: the pool's others, `depth - 1` at
+    most, so a cascade still has at most `depth` workers answer."""
+    if cost is None:
+        ordered = by_price(pool)
+    else:
+        ordered = sorted(pool, key=lambda w: (cost(w), w.output_price_per_m, w.input_price_per_m, w.name))
+    return [w for w in ordered if w is not pool[0]][: max(0, depth - 1)]
+
+
 class Cascade:
     name = "cascade"
 
@@ -48,7 +68,13 @@ class Cascade:
 
     async def run(self, run: Run) -> Outcome:
         threshold = acceptance_threshold(run.cost_weight)
-        workers = chain(run.pool, self.depth, lambda w: run.predict(w, run.messages))
+
+        def predicted(worker: Worker) -> Decimal:
+            return run.predict(worker, run.messages)
+
+        workers = chain(run.pool, self.depth, predicted)
+        if len(workers) == 1:  # the strongest is the cheapest: nobody to escalate from, only to fall back to
+            return await self._alone(run, workers[0], fallbacks(run.pool, self.depth, predicted))
         best: Answer | None = None
         for level, worker in enumerate(workers):
             last = level == len(workers) - 1
@@ -78,3 +104,22 @@ class Cascade:
         return Outcome(
             best, self.name, run.steps, "every level failed" if best is None else "last answer kept"
         )
+
+    async def _alone(self, run: Run, strongest: Worker, spare: list[Worker]) -> Outcome:
+        """The one-level chain: the strongest (also the cheapest) answers, with no verifier (there is
+        nobody to escalate to); when it fails, `spare` answer in turn, cheapest first, until one does."""
+        for worker in (strongest, *spare):
+            try:
+                answer = await run.call("answer", worker, run.messages)
+            except StepFailed:
+                continue  # the next fallback answers instead
+            except CeilingReached:
+                return Outcome(None, self.name, run.steps, "cost ceiling reached: no answer")
+            if worker is strongest:
+                run.steps[-1].verdict = "final level"
+                return Outcome(answer, self.name, run.steps, "answered at level 1 of 1")
+            run.steps[-1].verdict = f"fallback: {strongest.name}, the strongest and cheapest, failed"
+            return Outcome(
+                answer, self.name, run.steps, f"answered by fallback {worker.name}: {strongest.name} failed"
+            )
+        return Outcome(None, self.name, run.steps, "every level failed")

@@ -86,6 +86,8 @@ def compact_records(
         if record["type"] == "feedback":
             if counted_score(record, weights) is not None:
                 kept.append({name: record[name] for name in SCORE_FIELDS if name in record})
+        elif record["type"] != "request":  # an intent (a call in flight): neither a row nor an answer
+            continue
         elif record["id"] in scored and record.get("query") and record.get("worker"):
             kept.append({name: record[name] for name in ROW_FIELDS if name in record})
         elif (
