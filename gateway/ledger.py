@@ -119,11 +119,6 @@ def stored_query(text: str | None, data_class: str | None) -> StoredQuery:
     return StoredQuery(text[:MAX_QUERY_CHARS], tail, len(text))
 
 
-def storable_query(text: str | None, data_class: str | None) -> str | None:
-    """The `query` field alone (:func:`stored_query`'s head): for records that keep no tail."""
-    return stored_query(text, data_class).text
-
-
 def logged_query(record: Mapping) -> str | None:
     """The query a request record holds, as `router train` and `router eval --from-ledger` read it.
 

@@ -62,7 +62,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-from gateway.ledger import INTENT
+from gateway.ledger import INTENT, logged_query
 from policies import (
     BilledRate,
     Catalog,
@@ -132,7 +132,7 @@ def graded_pairs(records: Iterable[dict]) -> dict[tuple[str, str], Graded]:
             if key not in grades or at >= grades[key][0]:
                 graded = Graded(
                     float(record["score"]),
-                    request.get("query"),
+                    logged_query(request),  # a long probe's head and tail, as training reads it
                     int(request.get("completion_tokens") or 0),
                     at,
                 )
@@ -650,7 +650,7 @@ class Runner:
 
     async def _call(self, pair: Pair, chat, admission) -> str:
         """The call, its grade and its records, under the cap (see :meth:`_one`)."""
-        from gateway.ledger import FeedbackRecord, RequestRecord, storable_query
+        from gateway.ledger import FeedbackRecord, RequestRecord, stored_query
         from gateway.store import to_micros
         from gateway.upstream import WorkerError
 
@@ -672,7 +672,9 @@ class Runner:
             "policy_version": admission.policy_version,
             "router_version": self.state.router.current.version,
             "data_class": admission.data_class,
-            "query": storable_query(chat.last_user_text(), admission.data_class),
+            # a long probe keeps its tail as a live request's record does: a last-paragraph model
+            # fitted on these records reads the question (router train --from-ledger)
+            **_query_fields(stored_query(chat.last_user_text(), admission.data_class)),
             "turns": chat.user_turns(),
         }
 
@@ -991,6 +993,11 @@ class FitResult:
     status: str  # fitted | unchanged | no_router | no_labels | failed
     message: str
     version: str | None = None
+
+
+def _query_fields(query) -> dict[str, Any]:
+    """A RequestRecord's query fields from gateway.ledger's StoredQuery (head, tail, length)."""
+    return {"query": query.text, "query_tail": query.tail, "query_chars": query.chars}
 
 
 def calibration_labels(

@@ -755,3 +755,32 @@ def test_an_empty_answer_the_worker_ended_itself_is_graded(odd):
     grades = graded_pairs(ledger(setup))
     assert len(grades) == 6 and {g.score for g in grades.values()} == {0.0}
     assert not [r for r in ledger(setup) if r["type"] == "request" and r["status"] != 200]
+
+
+def test_a_long_probes_record_keeps_its_question_as_a_live_requests_does(setup, upstream):
+    """A probe longer than the ledger keeps whole (a few-shot prompt) is recorded with its head and
+    tail, as a live request is since the ledger kept tails: its question, in the last paragraph, is
+    what a last-paragraph router fitted on these records must read. Calibration records kept the
+    head alone, so the question was lost from them."""
+    from gateway.ledger import MAX_QUERY_CHARS
+
+    shots = "\n\n".join(f"Example {i}: which one is right?\nA) this\nB) that\nAnswer: B" for i in range(200))
+    question = "[long] Which planet is the largest?\nA) Mars\nB) Jupiter\n\nAnswer with a letter."
+    assert len(shots) > MAX_QUERY_CHARS
+    probe = {
+        "id": "long",
+        "task": "t-choice",
+        "type": "choice",
+        "source": "test",
+        "prompt": shots + "\n\n" + question,
+        "gold": "B",
+        "max_tokens": 16,
+    }
+    write_probes(setup, [probe])
+    upstream.behave("cheap-model", text="B")
+    done = calibrate(setup, "--workers", "cheap", "--probes", "1")
+    assert done.returncode == 0, done.stderr
+    (record,) = [r for r in ledger(setup) if r["type"] == "request"]
+    assert record["query_chars"] == len(probe["prompt"])
+    assert record["query_tail"].endswith(question)
+    assert graded_pairs(ledger(setup))[("cheap", "long")].query.endswith(question)
