@@ -154,7 +154,8 @@ def ingest_command(
                 break
             for item in body.get("data", []):
                 counts[item["status"]] = counts.get(item["status"], 0) + 1
-                chunks += item.get("chunks", 0)
+                if item["status"] != "unchanged":  # an unchanged document's chunks are not written again
+                    chunks += item.get("chunks", 0)
             for err in body.get("errors", []):
                 errors.append((err.get("file") or err.get("id") or "?", err.get("message", "")))
                 progress.console.print(

@@ -147,7 +147,11 @@ class Embedder:
         if self._model is not None:
             with self._encode_lock, self._autocast():
                 vectors = self._model.encode(
-                    texts, batch_size=self.batch_size, normalize_embeddings=True, convert_to_numpy=True
+                    texts,
+                    batch_size=self.batch_size,
+                    normalize_embeddings=True,
+                    convert_to_numpy=True,
+                    show_progress_bar=False,  # a bar per call in the server's log; callers show their own
                 )
             return np.asarray(vectors, dtype=np.float32)
         out = np.zeros((len(texts), self.dim), dtype=np.float32)

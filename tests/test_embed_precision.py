@@ -59,3 +59,19 @@ def test_bf16_vectors_stay_in_fp32_space():
     assert not np.array_equal(a, b)  # bf16 really ran: the products were rounded
     # The nearest neighbours agree: each text's bf16 vector is closest to its own fp32 vector.
     assert list((b @ a.T).argmax(axis=1)) == list(range(len(TEXTS)))
+
+
+def test_encoding_writes_no_progress_bar_into_the_servers_log(capfd):
+    """sentence-transformers draws a tqdm bar per encode call when logging is at INFO, as the gateway's
+    is: every embedding request and ingest wrote `Batches: 100%|…` into the server's log."""
+    import logging
+
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.INFO)
+    try:
+        Embedder("minilm").encode(["a first sentence", "a second one"])
+    finally:
+        root.setLevel(level)
+    captured = capfd.readouterr()
+    assert "Batches" not in captured.err + captured.out

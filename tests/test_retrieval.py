@@ -660,6 +660,7 @@ def test_cli_ingest_with_progress(rgw: Gateway, tmp_path):
     assert "bad.pdf" in result.output and "2 created" in result.output
     again = runner.invoke(app, args)
     assert "2 unchanged" in again.output
+    assert "(0 chunks written)" in again.output  # an unchanged document writes nothing again
     ids = [
         d["id"] for d in httpx.get(f"{rgw.v1}/collections/cli/documents", headers=rgw.auth()).json()["data"]
     ]
