@@ -27,6 +27,7 @@ from gateway.body import heavy_if, is_large, read_model
 from gateway.errors import APIError, error_response
 from gateway.judge import completion_text
 from gateway.ledger import RequestRecord, stored_query
+from gateway.readmit import still_admits
 from gateway.schemas import ChatCompletionRequest
 from gateway.state import AppState
 from gateway.store import (
@@ -40,8 +41,10 @@ from gateway.store import (
 )
 from gateway.upstream import Completion, OpenStream, WorkerError
 from policies import Admission, PolicyRequest, PolicyRequestError, Spend, estimate_tokens, predicted_cost
+from policies.admission import BUDGET_RULE_PREFIX
 from policies.catalog import Kind
 from router import RouteDecision, RouteRequest, estimate_cost
+from router.compose.base import Admissible, still_admitted
 from router.learned import cost_weight_of
 from router.routelog import route_log
 
@@ -255,8 +258,22 @@ def withhold_above(engine, tenant: str, admission: Admission):
 
 
 def _denied(admission: Admission, subject: str) -> APIError:
-    """403 when rules emptied the pool (naming them), 503 when workers simply cannot be called."""
+    """403 when rules emptied the pool (naming them), 503 when workers simply cannot be called.
+
+    A pool the tenant's budget alone emptied is the 403 `budget_exceeded` the reservation gives
+    when it catches the same condition a moment later (a client need not know which caught it)."""
     listed = "; ".join(f"{e.worker}: {e.reason} [{e.rule}]" for e in admission.excluded)
+    if admission.denied_by_policy and all(
+        e.rule.startswith(BUDGET_RULE_PREFIX) for e in admission.denied_by_policy
+    ):
+        rules = sorted({e.rule for e in admission.denied_by_policy})
+        return APIError(
+            403,
+            f"No worker was called: the tenant's budget admits no worker for {subject} "
+            f"({', '.join(rules)}). {listed}",
+            type="insufficient_quota",
+            code="budget_exceeded",
+        )
     if admission.denied_by_policy:
         rules = sorted({e.rule for e in admission.denied_by_policy})
         return APIError(
@@ -387,18 +404,25 @@ def final_error(failures: list[WorkerError]) -> APIError:
     if all(f.status == 429 for f in failures):
         return APIError(
             429,
-            f"All workers are rate limited. {summary}",
+            f"{_tried(failures, 'is', 'are')} rate limited. {summary}",
             type="rate_limit_error",
             code="upstream_rate_limited",
             headers={"retry-after": str(_retry_after(failures))},
         )
     if all(f.status == 504 for f in failures):
         return APIError(
-            504, f"All workers timed out. {summary}", type="server_error", code="upstream_timeout"
+            504, f"{_tried(failures)} timed out. {summary}", type="server_error", code="upstream_timeout"
         )
-    return APIError(
-        502, f"All admissible workers failed. {summary}", type="server_error", code="upstream_failed"
-    )
+    return APIError(502, f"{_tried(failures)} failed. {summary}", type="server_error", code="upstream_failed")
+
+
+def _tried(failures: list[WorkerError], one: str = "", many: str = "") -> str:
+    """The final error's subject (and verb): the one worker tried, a pinned one say, by name, since
+    "All workers are rate limited" read as if others had been tried too; else how many were."""
+    names = list(dict.fromkeys(f.worker for f in failures))
+    if len(names) == 1:
+        return " ".join(filter(None, ("The worker", names[0], one)))
+    return " ".join(filter(None, (f"All {len(names)} workers tried", many)))
 
 
 def _retry_after(failures: list[WorkerError]) -> int:
@@ -515,6 +539,27 @@ class Exchange:
     explain: bool = False  # x-polyroute-trace: 1 (the trace goes to the client too)
     wire: Wire = OPENAI  # the client's API: how the answer is written
     trace: tracing.RequestTrace = field(default_factory=tracing.current)  # its span (tracing.OFF: none)
+    # asked before each attempt: None, or why the policy in force no longer admits a worker (a reload
+    # since admission: gateway/compose.py's check, the one a workflow asks before each step)
+    admissible: Admissible | None = None
+    # workers the policy in force left out after the request was admitted, and why: never tried
+    excluded: dict[str, str] = field(default_factory=dict)
+    request: Request | None = None  # the client's, watched for a hang-up while workers are called
+    gone: bool = False  # the client hung up: no further attempt starts, and the ledger says 499
+    finished: bool = False  # its books are written (`finish`)
+
+    async def admits(self, worker) -> bool:
+        """Whether the policy in force still admits ``worker`` for this request (see `admissible`),
+        asked before each attempt: retries and fallbacks take seconds, during which the policy file
+        may be reloaded, and a worker the operator excluded since is not called (a policy decision is
+        never undone downstream, the newer one included; the check fails closed). One it no longer
+        admits is kept in `excluded`, with why, as a workflow's `Run.admits` keeps it."""
+        known = worker.name in self.excluded
+        if await still_admitted(self.admissible, self.excluded, worker):
+            return True
+        if not known:  # said once, when the reload is first seen to leave it out
+            log.info("request %s: %s not tried: %s", self.request_id, worker.name, self.excluded[worker.name])
+        return False
 
     @property
     def held_micros(self) -> int:
@@ -600,6 +645,7 @@ class Exchange:
         """Settle the budget holds with the actual cost, correct the token limits, write the ledger.
 
         The ledger record counts every call of the request, given-up attempts' included."""
+        self.finished = True
         now = Usage(prompt_tokens, completion_tokens, cost)
         now.add(self.unsettled.prompt_tokens, self.unsettled.completion_tokens, self.unsettled.cost_usd)
         self.unsettled = Usage()
@@ -691,10 +737,19 @@ def log_access(
 
 
 def refused(
-    state: AppState, err: APIError, headers: dict[str, str], wire: Wire = OPENAI, endpoint: str = ""
+    state: AppState,
+    err: APIError,
+    headers: dict[str, str],
+    wire: Wire = OPENAI,
+    endpoint: str = "",
+    started: float | None = None,
+    stream: bool = False,
 ) -> Response:
-    """A request turned down before any worker was called: one access line, the error metric."""
+    """A request turned down before any worker was called: one access line, the error metric, and
+    (`started`: when it arrived) its latency, as every request's."""
     err.headers = {**headers, **err.headers}
+    if started is not None:
+        state.metrics.observe_latency(started, stream)
     tracing.error(err, headers)
     access.info(
         "%s refused status=%d code=%s%s",
@@ -717,19 +772,24 @@ async def serve(request: Request, wire: Wire) -> Response:
     """The pipeline, whatever the client's API: auth, the body (read by `wire`), rate limits, memory,
     data class and policy, cache, routing, budgets, worker calls with fallback, ledger and metrics."""
     state: AppState = request.app.state.polyroute
+    started = time.perf_counter()
     request_id = "req_" + uuid.uuid4().hex
     headers = {"x-polyroute-request-id": request_id}
     router = state.router.current  # one router for the whole request, even if a new model lands now
     engine = state.policy.engine  # one policy snapshot for the whole decision, even if a reload lands now
+    charged: list[Limit] = []  # the rate limits this request's tokens were charged to
+    stream = False
     try:
         key = await state.auth.client(request)
         wire.authenticated(key.tenant)
         chat = await wire.read(request, state)
+        stream = bool(chat.stream)
         tenant = engine.policy.tenants.get(key.tenant) if engine is not None else None
         limits = ratelimits.limits_under(
             engine, key, sum(estimate_tokens(chat.prompt_chars(), chat.output_budget()))
         )
         headers |= await ratelimits.enforce(state.stores.limiter, state.metrics, key.tenant, limits)
+        charged = limits
         budget = tenant_budget(engine, key.tenant)
         spend = await budget_usage(state, key.tenant, budget)
         recalled = await memory.plan(request, state, key.tenant, chat)  # retrieval memory, or None
@@ -776,10 +836,12 @@ async def serve(request: Request, wire: Wire) -> Response:
             composition = await compose.plan(
                 state, request, chat, route, decision, router, admission, recalled
             )
-    except APIError as err:
-        return refused(state, err, headers, wire)
-    except StoreReplyError as exc:  # e.g. the rate-limit script: this request fails, nobody else
-        return refused(state, store_reply_error(exc), headers, wire)
+    except (APIError, StoreReplyError) as exc:  # StoreReplyError: e.g. the rate-limit script
+        err = exc if isinstance(exc, APIError) else store_reply_error(exc)
+        # refused before any worker call (policy, budget, store...): the tokens it was charged go back
+        if charged:
+            await ratelimits.give_back(state.stores.limiter, key.tenant, charged)
+        return refused(state, err, headers, wire, started=started, stream=stream)
     weight = cost_weight_of(route, state.settings.cost_weight, router)
     exchange = Exchange(
         request_id,
@@ -799,7 +861,10 @@ async def serve(request: Request, wire: Wire) -> Response:
         degraded=composition if composition.degraded else None,
         explain=request.headers.get(compose.TRACE_HEADER) == "1",
         wire=wire,
+        request=request,
     )
+    # before each attempt, as before each step of a workflow: a reload may exclude a worker meanwhile
+    exchange.admissible = still_admits(state, request, exchange)
     exchange.skip = composition.skip  # fast mode in place of a workflow: workers over the client's ceiling
     if cache_plan is not None:
         exchange.headers[caching.CACHE_HEADER] = "miss"
@@ -810,6 +875,8 @@ async def serve(request: Request, wire: Wire) -> Response:
         if composition.workflow is not None:
             composed = await compose.respond(state, request, exchange, composition)
             if composed is not None:
+                if not exchange.finished:  # refused before its first step (compose.respond's `refused`)
+                    await _unbooked(state, exchange)
                 return await wire.composed(composed)
             # the workflow auto chose produced no answer: fast mode over the workers it did not try
         if chat.stream:
@@ -817,7 +884,14 @@ async def serve(request: Request, wire: Wire) -> Response:
         return await _complete(state, exchange)
     except StoreReplyError as exc:  # a reservation Redis rejected: this request stops here
         await exchange.finish(state, None, 500, [])
-        return refused(state, store_reply_error(exc), exchange.headers, wire)
+        return refused(state, store_reply_error(exc), exchange.headers, wire, started=started, stream=stream)
+
+
+async def _unbooked(state: AppState, ex: Exchange) -> None:
+    """A request refused after its Exchange was made but before any worker call, without books (a
+    workflow that cannot start: compose.respond answers with `refused`, which observes its latency):
+    its tokens go back to the rate limits, as for any refusal."""
+    await ratelimits.give_back(state.stores.limiter, ex.tenant, ex.limits)
 
 
 async def _from_cache(
@@ -837,7 +911,7 @@ async def _from_cache(
     exchange = Exchange(request_id, tenant, chat, admission, decision, router.version, headers, limits=limits)
     await exchange.finish(state, hit.worker, 200, [])
     state.metrics.requests.labels(hit.worker, "cache", "200").inc()
-    state.metrics.latency.labels(str(chat.stream).lower()).observe(time.perf_counter() - exchange.started)
+    state.metrics.observe_latency(exchange.started, chat.stream)
     headers = {
         **headers,
         "x-polyroute-worker": hit.worker,
@@ -857,7 +931,9 @@ async def first_success(
     Each attempt first reserves the worker's predicted cost; a failed attempt releases it (keeping
     what its answered calls cost, see `Exchange.release`), so only the answering worker's hold is
     left for `Exchange.finish` to settle. `failures` (if given) is filled as attempts fail, so a
-    caller whose deadline cuts this short still knows what was tried.
+    caller whose deadline cuts this short still knows what was tried. Before each attempt the policy
+    in force is asked again (`Exchange.admits`: a reload may have excluded the worker since the
+    request was admitted), and once the client has hung up (`Exchange.gone`) no attempt starts.
     """
     failures = [] if failures is None else failures
     too_long_for = 0  # the largest context window a worker found this prompt too long for
@@ -866,6 +942,10 @@ async def first_success(
             continue  # a workflow auto chose tried it, and produced no answer
         if too_long_for and worker.context_window <= too_long_for:
             continue  # the same prompt would overflow a window no larger
+        if ex.gone:
+            break  # nobody is waiting for the answer
+        if not await ex.admits(worker):
+            continue  # a policy reload since admission left it out
         try:
             await ex.hold(state, worker)
         except BudgetRefusal as err:
@@ -952,11 +1032,36 @@ def _deadline_error(state: AppState, failures: list[WorkerError]) -> APIError:
     )
 
 
-def _answered_headers(headers: dict[str, str], worker: str, failures: list[WorkerError]) -> dict[str, str]:
-    headers = {**headers, "x-polyroute-worker": worker}
+LEFT_OUT_HEADER = "x-polyroute-left-out"  # workers a policy reload left out after admission
+
+
+def _answered_headers(ex: Exchange, worker: str, failures: list[WorkerError]) -> dict[str, str]:
+    headers = {**ex.headers, "x-polyroute-worker": worker}
     if failures:
         headers["x-polyroute-fallbacks"] = ",".join(f.worker for f in failures)
-    return headers
+    return headers | _left_out(ex)
+
+
+def _left_out(ex: Exchange) -> dict[str, str]:
+    """The header naming the workers a policy reload left out of this request's attempts (the
+    reasons are in the ledger's trace, `excluded_by_policy`)."""
+    return {LEFT_OUT_HEADER: ",".join(ex.excluded)} if ex.excluded else {}
+
+
+def _left_out_note(ex: Exchange) -> str:
+    return "; ".join(f"{name}: {why}" for name, why in ex.excluded.items())
+
+
+def _nobody_left(ex: Exchange) -> APIError:
+    """Every worker left to try was excluded by a policy reload since the request was admitted, so
+    none was called: refused as the policy in force would have refused it (fail closed)."""
+    return APIError(
+        403,
+        "The policy in force, reloaded since this request was admitted, admits none of its workers; "
+        f"no worker was called. {_left_out_note(ex)}",
+        type="permission_error",
+        code="policy_denied",
+    )
 
 
 async def _complete(state: AppState, ex: Exchange) -> Response:
@@ -968,18 +1073,24 @@ async def _complete(state: AppState, ex: Exchange) -> Response:
             raise no_choices(result)
         return result
 
+    watcher = asyncio.create_task(_watch_client(ex)) if ex.request is not None else None
+    late: APIError | None = None
     try:
         result, failures = await _within(ex.remaining(state), first_success(state, ex, call, failures))
     except DeadlinePassed:
-        return await _failed(state, ex, failures, _deadline_error(state, failures))
+        result, late = None, _deadline_error(state, failures)
+    finally:
+        if watcher is not None:  # its read of the connection ends before the response's begins
+            watcher.cancel()
+            await asyncio.wait([watcher])
+    assert result is None or isinstance(result, Completion)
+    if ex.gone:
+        return await _client_gone(state, ex, result, failures)
     if result is None:
-        return await _failed(state, ex, failures)
-    assert isinstance(result, Completion)
-    headers = _answered_headers(ex.headers, result.worker.name, failures)
+        return await _failed(state, ex, failures, late)
+    headers = _answered_headers(ex, result.worker.name, failures)
     headers["x-polyroute-cost-usd"] = format_cost(result.cost_usd + ex.settled.cost_usd)
-    trace = _degraded_trace(ex, result.worker.name, result, failures)
-    if result.usage_estimated:  # the ledger says the counts are not the provider's, as for a stream
-        trace = {**(trace or {}), "usage": "estimated"}
+    trace = _answer_trace(ex, result, failures)
     await ex.finish(
         state,
         result.worker.name,
@@ -996,7 +1107,7 @@ async def _complete(state: AppState, ex: Exchange) -> Response:
     if trace is not None and ex.explain:  # after caching: a cached answer carries no stale trace
         body = {**body, "polyroute": {**(body.get("polyroute") or {}), "trace": trace}}
     state.metrics.requests.labels(result.worker.name, ex.decision.strategy, "200").inc()
-    state.metrics.latency.labels("false").observe(time.perf_counter() - ex.started)
+    state.metrics.observe_latency(ex.started)
     judged = state.judge.sample(state, ex, result.worker.name, completion_text(result.body))
     return ex.wire.answer(
         body,
@@ -1016,36 +1127,99 @@ def no_choices(result: Completion) -> WorkerError:
     return err
 
 
-def _degraded_trace(ex: Exchange, worker: str, usage, failures: list[WorkerError]) -> dict | None:
-    """A workflow answered in fast mode is still traced (ledger, and the client with explain)."""
-    if ex.degraded is None:
-        return None
-    return compose.degraded_trace(
-        ex.degraded, worker, usage.prompt_tokens, usage.completion_tokens, usage.cost_usd, failures
+def _degraded_trace(ex: Exchange, worker: str | None, usage, failures: list[WorkerError]) -> dict | None:
+    """Fast mode's trace (ledger, and the client with explain): a workflow answered in fast mode is
+    still traced as such, and the workers a policy reload left out are named, with why."""
+    trace = None
+    if ex.degraded is not None:
+        trace = compose.degraded_trace(
+            ex.degraded, worker, usage.prompt_tokens, usage.completion_tokens, usage.cost_usd, failures
+        )
+    if ex.excluded:
+        trace = {**(trace or {}), "excluded_by_policy": dict(ex.excluded)}
+    return trace
+
+
+def _answer_trace(ex: Exchange, result: Completion, failures: list[WorkerError]) -> dict | None:
+    trace = _degraded_trace(ex, result.worker.name, result, failures)
+    if result.usage_estimated:  # the ledger says the counts are not the provider's, as for a stream
+        trace = {**(trace or {}), "usage": "estimated"}
+    return trace
+
+
+async def _watch_client(ex: Exchange) -> None:
+    """Mark the request `gone` when its client hangs up while workers are called. The body has been
+    read, so the server's next message is http.disconnect, sent when the connection closes."""
+    assert ex.request is not None
+    try:
+        while (await ex.request.receive())["type"] != "http.disconnect":
+            pass
+    except Exception:  # the connection cannot be watched: the request runs to its end, as before
+        log.debug("cannot watch the client's connection", exc_info=True)
+        return
+    ex.gone = True
+    log.info("request %s: the client hung up before its answer; no further worker is tried", ex.request_id)
+
+
+async def _client_gone(
+    state: AppState, ex: Exchange, result: Completion | None, failures: list[WorkerError]
+) -> Response:
+    """The client hung up before its (plain) answer: the call in flight was let finish, as a workflow's
+    steps are, so what it cost is known and billed, not guessed; no attempt started after the hang-up;
+    nobody gets the answer, and the ledger says 499, as for a stream the client leaves."""
+    ended = {"ended": "client_disconnected"}
+    if result is not None:
+        trace = {**(_answer_trace(ex, result, failures) or {}), **ended}
+        worker, usage = result.worker.name, result
+    else:
+        trace = {**(_degraded_trace(ex, None, Usage(), failures) or {}), **ended}
+        worker, usage = None, Usage()
+    status = STREAM_STATUS["client_disconnected"]
+    await ex.finish(
+        state,
+        worker,
+        status,
+        failures,
+        usage.prompt_tokens,
+        usage.completion_tokens,
+        usage.cost_usd,
+        trace=trace,
     )
+    ex.trace.error(status, "client_disconnected")
+    state.metrics.errors.labels("client_disconnected").inc()
+    state.metrics.requests.labels(worker or "-", ex.decision.strategy, str(status)).inc()
+    state.metrics.observe_latency(ex.started, ex.chat.stream)
+    err = APIError(status, "the client closed the request before its answer", code="client_disconnected")
+    err.headers = {**ex.headers, **_left_out(ex)}
+    return ex.wire.error(err)
 
 
 async def _failed(
     state: AppState, ex: Exchange, failures: list[WorkerError], err: APIError | None = None
 ) -> Response:
     """No answer. What given-up attempts' answered calls cost (memory rounds) is still billed."""
-    err = err or final_error(failures)
+    if err is None:
+        err = final_error(failures) if failures else _nobody_left(ex)
+        if failures and ex.excluded:  # why the workers after those are not in the message
+            err.message += (
+                f" Left out by a policy reload since the request was admitted: {_left_out_note(ex)}"
+            )
     worker = failures[-1].worker if failures else "-"
     err.headers = {
         **ex.headers,
         **err.headers,
+        **_left_out(ex),
         "x-polyroute-cost-usd": format_cost(ex.settled.cost_usd),
         "x-polyroute-worker": worker,
     }
     ex.trace.error(err.status, err.code or err.type)
-    trace = None
-    if ex.degraded is not None:  # a workflow answered in fast mode, and nobody answered: traced as such
-        trace = compose.degraded_trace(ex.degraded, None, 0, 0, Decimal(0), failures)
+    # a workflow answered in fast mode, and nobody answered: traced as such (and who was left out)
+    trace = _degraded_trace(ex, None, Usage(), failures)
     await ex.finish(state, None, err.status, failures, trace=trace)
     state.metrics.errors.labels(err.code or err.type).inc()
     state.metrics.requests.labels(worker, ex.decision.strategy, str(err.status)).inc()
     # the slowest requests are often these (retries, fallbacks, the deadline): they count in the latency
-    state.metrics.latency.labels(str(ex.chat.stream).lower()).observe(time.perf_counter() - ex.started)
+    state.metrics.observe_latency(ex.started, ex.chat.stream)
     return ex.wire.error(err)
 
 
@@ -1075,7 +1249,7 @@ async def _stream(state: AppState, ex: Exchange) -> Response:
     if stream is None:
         return await _failed(state, ex, failures)
     assert isinstance(stream, OpenStream)
-    headers = _answered_headers(ex.headers, stream.worker.name, failures)
+    headers = _answered_headers(ex, stream.worker.name, failures)
     # Headers leave before the answer: this is the prompt-side cost; the final usage chunk carries
     # the actual total under "polyroute".
     headers |= {
@@ -1186,7 +1360,7 @@ async def _sse(
             await state.judge.start(state, judged)  # its own task: the stream has been sent
         # the HTTP status the ledger records (502, 504, 499), so an alert on 5xx sees streams cut mid-way
         state.metrics.requests.labels(worker, ex.decision.strategy, str(STREAM_STATUS[outcome])).inc()
-        state.metrics.latency.labels("true").observe(time.perf_counter() - ex.started)
+        state.metrics.observe_latency(ex.started, stream=True)
         for closable in (frames, feed, chunks):  # the last releases the upstream connection now
             try:
                 await closable.aclose()

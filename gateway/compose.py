@@ -38,8 +38,9 @@ from starlette.responses import Response, StreamingResponse
 
 from gateway import memory, tracing
 from gateway.errors import APIError, error_response
+from gateway.readmit import still_admits
 from gateway.schemas import ChatCompletionRequest
-from policies import Spend, Worker, predicted_cost
+from policies import Worker, predicted_cost
 from router import RouteRequest
 from router.compose import (
     PREFIX,
@@ -58,7 +59,7 @@ from router.compose import (
     requested_workflow,
     should_cascade,
 )
-from router.compose.base import Admissible, chars
+from router.compose.base import chars
 from router.compose.planned import Planned, plan_header
 from router.decide import Estimate
 from router.evidence import logit
@@ -548,48 +549,6 @@ def workflow_for(state, composition: Composition, chat: ChatCompletionRequest):
     return Debate(debaters=min(3, max(2, settings.compose_members - 1)), rounds=1)
 
 
-def _admissible(state, request: Request, ex) -> Admissible:
-    """Whether the policy in force still admits a worker for this request, asked before each step of
-    its workflow: None, or why not. A workflow runs for seconds (a plan's rounds, a cascade's levels)
-    and the policy file is hot-reloaded meanwhile; a worker the operator has excluded since the
-    request was admitted is not called by a later step (a policy decision is never undone downstream,
-    the newer one included). Nothing to do while the version admitted is in force; after a reload the
-    request is evaluated once per new version as it was at admission (its texts, recalled memory, data
-    class tag), off the event loop. Its budget was held when the workflow started, so the tenant's
-    spend does not exclude anyone here. A policy that refuses the request altogether, or cannot be
-    evaluated, admits nobody: fail closed."""
-    from gateway.completions import admission_for
-
-    admitted = ex.admission.policy_version
-    extra = ((ex.memory.injected_text(),) if ex.memory is not None else ()) + ex.wire.policy_texts()
-    verdicts: dict[str, Any] = {}  # per policy version: its Admission, or why it admits nobody
-
-    async def admissible(worker: Worker) -> str | None:
-        engine = state.policy.engine
-        if engine is None:  # never after a valid policy was loaded; fail closed all the same
-            return "no valid policy is loaded"
-        if engine.version == admitted:
-            return None
-        if engine.version not in verdicts:
-            try:
-                verdicts[engine.version] = await asyncio.to_thread(
-                    admission_for, state, request, ex.tenant, ex.chat, engine, Spend(), extra
-                )
-            except APIError as err:
-                verdicts[engine.version] = f"policy {engine.version} refuses this request: {err.message}"
-        verdict = verdicts[engine.version]
-        if isinstance(verdict, str):
-            return verdict
-        if any(w.name == worker.name for w in verdict.pool):
-            return None
-        why = next(
-            (f"{e.rule}: {e.reason}" for e in verdict.excluded if e.worker == worker.name), "not admitted"
-        )
-        return f"excluded by policy {engine.version}, in force since the request was admitted ({why})"
-
-    return admissible
-
-
 def _excluded_note(run: Run) -> str:
     """What the header and the trace say of the workers a policy reload left out of the run."""
     if not run.excluded:
@@ -626,7 +585,7 @@ async def respond(state, request: Request, ex, composition: Composition) -> Resp
         ceiling = _ceiling(state, chat, ex.admission)
         workflow = workflow_for(state, composition, chat)
     except APIError as err:  # refused before any step: counted, logged and traced as every refusal
-        return refused(state, err, ex.headers, ex.wire)
+        return refused(state, err, ex.headers, ex.wire, started=ex.started, stream=ex.chat.stream)
     strategy = f"{PREFIX}{composition.workflow}"
     headers = {**ex.headers, "x-polyroute-strategy": strategy, "x-polyroute-route-reason": composition.reason}
     try:
@@ -657,7 +616,7 @@ async def respond(state, request: Request, ex, composition: Composition) -> Resp
         answer_params={k: v for k in ANSWER_FORMAT if (v := getattr(chat, k)) is not None},
         step_timeout_s=state.settings.compose_step_timeout_s,
         seed=zlib.crc32(ex.request_id.encode()),
-        admissible=_admissible(state, request, ex),
+        admissible=still_admits(state, request, ex),
     )
     books = _Books(state)  # from here until the books are written, the shutdown waits for them
     try:
@@ -732,7 +691,7 @@ async def _answer(
         state, final.worker, 200, [], prompt_tokens, completion_tokens, outcome.cost_usd, strategy, trace
     )
     state.metrics.requests.labels(final.worker, strategy, "200").inc()
-    state.metrics.latency.labels(str(chat.stream).lower()).observe(time.perf_counter() - ex.started)
+    state.metrics.observe_latency(ex.started, chat.stream)
     extra = {"workflow": composition.workflow, "cost_usd": format_cost(outcome.cost_usd)}
     if request.headers.get(TRACE_HEADER) == "1":
         extra["trace"] = trace
@@ -759,7 +718,7 @@ def _count_failure(state, ex, strategy: str, error: str, status: str) -> None:
     as fast mode counts its failures."""
     state.metrics.errors.labels(error).inc()
     state.metrics.requests.labels("-", strategy, status).inc()
-    state.metrics.latency.labels(str(ex.chat.stream).lower()).observe(time.perf_counter() - ex.started)
+    state.metrics.observe_latency(ex.started, ex.chat.stream)
 
 
 async def _to_fast_mode(
@@ -897,7 +856,7 @@ async def _client_gone(
     )
     state.metrics.errors.labels(outcome_name).inc()
     state.metrics.requests.labels(worker or "-", strategy, str(status)).inc()
-    state.metrics.latency.labels(str(ex.chat.stream).lower()).observe(time.perf_counter() - ex.started)
+    state.metrics.observe_latency(ex.started, ex.chat.stream)
     log.info("request %s: the client hung up during %s; %s", ex.request_id, strategy, outcome.note)
     err = APIError(status, f"the client closed the request: {outcome.note}", code=outcome_name)
     err.headers = headers

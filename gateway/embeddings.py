@@ -55,9 +55,10 @@ from gateway.completions import (
 from gateway.errors import APIError, error_response
 from gateway.ledger import RequestRecord
 from gateway.state import AppState
-from gateway.store import BudgetExceeded, Reservation, StoreReplyError, StoreUnavailable, to_micros
+from gateway.store import BudgetExceeded, Limit, Reservation, StoreReplyError, StoreUnavailable, to_micros
 from gateway.upstream import WorkerError
 from policies import Admission, PolicyRequest, Worker
+from policies.admission import BUDGET_RULE_PREFIX
 from policies.catalog import Kind
 
 log = logging.getLogger("polyroute.gateway")
@@ -387,6 +388,14 @@ def _admit(state: AppState, engine, tenant: str, model: str, body: EmbeddingRequ
 def _not_admitted(admission: Admission, worker: Worker) -> APIError:
     exclusion = admission.exclusion_for(worker.name)
     reason = f"{exclusion.reason} [{exclusion.rule}]" if exclusion else "not admitted"
+    if exclusion is not None and exclusion.rule.startswith(BUDGET_RULE_PREFIX):
+        # the tenant's budget: the code the reservation gives for it too (`_Books.reserve`)
+        return APIError(
+            403,
+            f"No worker was called: {worker.name}: {exclusion.rule}: {exclusion.reason}",
+            type="insufficient_quota",
+            code="budget_exceeded",
+        )
     if exclusion is not None and exclusion.rule != "unavailable":
         return APIError(
             403,
@@ -539,7 +548,7 @@ async def _failed(state: AppState, books: _Books, err: APIError, headers: dict[s
     tracing.error(err, headers)
     await books.finish(state, err.status, trace=trace)
     state.metrics.errors.labels(err.code or err.type).inc()
-    state.metrics.latency.labels("false").observe(time.perf_counter() - books.started)
+    state.metrics.observe_latency(books.started)
     return error_response(err)
 
 
@@ -563,6 +572,7 @@ async def embeddings(request: Request) -> Response:
     request_id = "req_" + uuid.uuid4().hex
     headers = {"x-polyroute-request-id": request_id}
     engine = state.policy.engine  # one policy snapshot for the whole request
+    charged: list[Limit] = []  # the rate limits this request's tokens were charged to
     try:
         key = await state.auth.client(request)
         body = await read_model(request, EmbeddingRequest, state.settings.max_body_bytes)
@@ -575,6 +585,7 @@ async def embeddings(request: Request) -> Response:
         estimate = sum(len(i) if isinstance(i, list) else max(1, len(i) // 4) for i in inputs)
         limits = ratelimits.limits_under(engine, key, estimate)
         headers |= await ratelimits.enforce(state.stores.limiter, state.metrics, key.tenant, limits)
+        charged = limits
         budget = tenant_budget(engine, key.tenant)
         spend = await budget_usage(state, key.tenant, budget)
         with tracing.step("policy"):
@@ -595,15 +606,16 @@ async def embeddings(request: Request) -> Response:
             request_id, key.tenant, body.model, worker, admission, budget, limits, len(inputs), started
         )
         await books.reserve(state, to_micros(worker.cost_usd(_budget_bound(inputs, local_counts), 0)))
-    except APIError as err:
-        return refused(state, err, headers, endpoint="embeddings")
-    except StoreReplyError as exc:  # e.g. the rate-limit script: this request fails, nobody else
-        return refused(state, store_reply_error(exc), headers, endpoint="embeddings")
+    except (APIError, StoreReplyError) as exc:  # StoreReplyError: e.g. the rate-limit script
+        err = exc if isinstance(exc, APIError) else store_reply_error(exc)
+        if charged:  # refused before the worker call (policy, budget, a too-long input): no tokens used
+            await ratelimits.give_back(state.stores.limiter, key.tenant, charged)
+        return refused(state, err, headers, endpoint="embeddings", started=started)
     headers |= {"x-polyroute-worker": worker.name, "x-polyroute-strategy": STRATEGY}
     try:
         return await _answer(state, books, body, worker, inputs, texts, local_counts, headers)
     except StoreReplyError as exc:  # a settle Redis rejected: this request stops here
-        return refused(state, store_reply_error(exc), headers, endpoint="embeddings")
+        return refused(state, store_reply_error(exc), headers, endpoint="embeddings", started=started)
 
 
 async def _answer(state, books: _Books, body, worker, inputs, texts, local_counts, headers) -> Response:
@@ -650,7 +662,7 @@ async def _answer(state, books: _Books, body, worker, inputs, texts, local_count
             hold, books.hold = books.hold, None
             await asyncio.shield(state.stores.budgets.release(hold))
         raise
-    state.metrics.latency.labels("false").observe(time.perf_counter() - books.started)
+    state.metrics.observe_latency(books.started)
     headers = {**headers, "x-polyroute-cost-usd": format_cost(cost)}
     return Response(
         orjson.dumps(

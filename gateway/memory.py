@@ -313,6 +313,8 @@ def _strip_directives(body: dict[str, Any]) -> None:
 
 
 def _merge(rounds: list[Completion]) -> Completion:
+    """One answer for the rounds of a memory loop: the last one's body, every round's usage and cost.
+    Estimated if any round's was (the ledger's trace then says so, as for one call)."""
     last = rounds[-1]
     if len(rounds) == 1:
         return last
@@ -325,7 +327,14 @@ def _merge(rounds: list[Completion]) -> Completion:
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
     }
-    return Completion(last.worker, body, prompt, completion, sum((r.cost_usd for r in rounds), Decimal(0)))
+    return Completion(
+        last.worker,
+        body,
+        prompt,
+        completion,
+        sum((r.cost_usd for r in rounds), Decimal(0)),
+        usage_estimated=any(r.usage_estimated for r in rounds),
+    )
 
 
 def _remember(state, memory: MemoryPlan, answer: str) -> None:
@@ -506,9 +515,11 @@ class MemoryStream(OpenStream):
         buffered: list[dict],
         prior: tuple[int, int, Decimal],
         on_done: Callable[[str], None],
+        prior_estimated: bool = False,
     ) -> None:
         OpenStream.__init__(self, inner.worker, None, None, inner.metrics, inner.prompt_cost_usd + prior[2])
         self._inner = inner
+        self._prior_estimated = prior_estimated  # a consumed round's usage was counted here
         self._iterator = iterator
         self._buffered = buffered
         self._prior = prior
@@ -534,11 +545,17 @@ class MemoryStream(OpenStream):
             }
         return chunk
 
+    @property
+    def usage_estimated(self) -> bool:  # type: ignore[override]
+        """The final round's counts, or a consumed round's, were counted here (the provider reported
+        none): the usage chunk and the ledger say "estimated", as for a stream without memory."""
+        return self._prior_estimated or self._inner.usage_estimated
+
     def account_cut(self) -> bool:
         """Cut short: the final round's streamed part (estimated if need be) plus the consumed rounds."""
         estimated = self._inner.account_cut()
         self._total()
-        return estimated
+        return estimated or self._prior_estimated
 
     def _total(self) -> None:
         self.prompt_tokens = self._prior[0] + self._inner.prompt_tokens
@@ -570,6 +587,7 @@ async def open_stream(state, ex, worker, api_base) -> OpenStream:
     tools = _uses_tools(worker)
     chat = _with_memory(ex.chat, memory, tools, offer=memory.max_expansions > 0)
     prior = (0, 0, Decimal(0))
+    prior_estimated = False  # a consumed round's usage was counted here
     memory.expansions = 0
     rounds = 0
     iterator = None
@@ -592,6 +610,7 @@ async def open_stream(state, ex, worker, api_base) -> OpenStream:
                 prior[1] + stream.completion_tokens,
                 prior[2] + stream.cost_usd,
             )
+            prior_estimated = prior_estimated or stream.usage_estimated
             ex.spent(stream.prompt_tokens, stream.completion_tokens, stream.cost_usd)  # owed from now on
             if memory.expansions >= memory.max_expansions:
                 chat = _final(chat, ex.chat, tools)
@@ -612,7 +631,9 @@ async def open_stream(state, ex, worker, api_base) -> OpenStream:
         raise
     ex.answered()  # the stream's usage carries the consumed rounds (`prior`)
     ex.headers[MEMORY_HEADER] = memory.header()
-    return MemoryStream(stream, iterator, buffered, prior, lambda answer: _remember(state, memory, answer))
+    return MemoryStream(
+        stream, iterator, buffered, prior, lambda answer: _remember(state, memory, answer), prior_estimated
+    )
 
 
 # ------------------------------------------------------------------------------ workflows

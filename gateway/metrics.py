@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from decimal import Decimal
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -81,6 +82,11 @@ class Metrics:
         self.tokens.labels(worker, "prompt").inc(prompt_tokens)
         self.tokens.labels(worker, "completion").inc(completion_tokens)
         self.cost.labels(worker).inc(float(cost))
+
+    def observe_latency(self, started: float, stream: bool = False) -> None:
+        """One request's latency, from `started` (time.perf_counter() when it arrived) to now: every
+        request ends here once, answered, failed, cached or refused (docs/api.md promises all)."""
+        self.latency.labels("true" if stream else "false").observe(time.perf_counter() - started)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -114,3 +114,10 @@ async def correct_tokens(limiter: Limiter, tenant: str, limits: list[Limit], act
                 await limiter.adjust(tenant, limit, actual_tokens - limit.units)
             except StoreUnavailable:
                 return
+
+
+async def give_back(limiter: Limiter, tenant: str, limits: list[Limit]) -> None:
+    """A request `enforce` charged and then refused before any worker call (the policy, a budget, the
+    budget store): it used no tokens, so its estimate goes back. Kept, the refusals alone drained the
+    key's tokens per minute, and the next request that fit the limit was a 429."""
+    await correct_tokens(limiter, tenant, limits, 0)

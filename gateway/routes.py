@@ -21,6 +21,7 @@ from gateway.ledger import FeedbackRecord
 from gateway.state import AppState
 from gateway.store import StoreUnavailable, find_request
 from policies import Kind, PolicyError, PolicyNotWritable, PolicyRequest, PolicyRequestError, Spend, Worker
+from policies.admission import admit
 from router import list_versions
 from router.learned import resolve_cost_weight
 
@@ -161,13 +162,15 @@ async def readyz(request: Request) -> JSONResponse:
 @router.get("/metrics")
 async def metrics(request: Request) -> Response:
     state = _state(request)
-    # polyroute_worker_up as /readyz sees the workers at this scrape: 1 callable (key set, local
-    # server up), 0 not, by the catalog's names (a bounded label set)
-    available = state.availability()
-    for worker in available.pool:
-        state.metrics.worker_up.labels(worker.name).set(1)
-    for exclusion in available.excluded:
-        state.metrics.worker_up.labels(exclusion.worker).set(0)
+    # polyroute_worker_up for every catalog worker, chat and embedding, at this scrape: 1 callable
+    # (key set, local server up), 0 not, by the catalog's names (a bounded label set)
+    down = state.down_workers()
+    for kind in (Kind.chat, Kind.embedding):
+        available = admit(state.catalog, down=down, kind=kind)
+        for worker in available.pool:
+            state.metrics.worker_up.labels(worker.name).set(1)
+        for exclusion in available.excluded:
+            state.metrics.worker_up.labels(exclusion.worker).set(0)
     return Response(state.metrics.render(), media_type="text/plain; version=0.0.4")
 
 

@@ -9,8 +9,10 @@ from __future__ import annotations
 import json
 import logging
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, NoReturn
 
 import typer
 from rich.console import Console
@@ -75,6 +77,27 @@ def _key_store(data_dir: Path | None):
 
 def _redis_url() -> str | None:
     return os.environ.get("POLYROUTE_REDIS_URL") or os.environ.get("REDIS_URL") or None
+
+
+@contextmanager
+def _key_store_reachable() -> Iterator[None]:
+    """The keys commands' errors as one line and exit 1, not a traceback: Redis (REDIS_URL) down,
+    the store fails closed and nothing was written; a value the store refuses (a tenant too long, a
+    REDIS_URL redis-py cannot read)."""
+    from gateway.keys import KeyStoreUnavailable
+
+    try:
+        yield
+    except KeyStoreUnavailable as exc:
+        _fail(f"{exc} (the keys are in Redis, as REDIS_URL is set)")
+    except ValueError as exc:
+        _fail(str(exc))
+
+
+def _fail(message: str) -> NoReturn:
+    """One line on stderr (never wrapped, markup-free: it may quote anything) and exit 1."""
+    console.print(message, style="red", markup=False, soft_wrap=True)
+    raise typer.Exit(1)
 
 
 def _prepare_local_models(catalog, models_dir: Path) -> None:
@@ -163,7 +186,8 @@ def keys_create(
     data_dir: DataDir = None,
 ) -> None:
     """Create a key. The key is printed once; only its hash is stored."""
-    record, plaintext = _key_store(data_dir).create(tenant, name, rpm=rpm, tpm=tpm)
+    with _key_store_reachable():
+        record, plaintext = _key_store(data_dir).create(tenant, name, rpm=rpm, tpm=tpm)
     if quiet:
         print(plaintext)
         return
@@ -177,7 +201,8 @@ def keys_list(
     as_json: Annotated[bool, typer.Option("--json", help="JSON lines")] = False,
 ) -> None:
     """List keys (never the keys themselves)."""
-    records = _key_store(data_dir).list()
+    with _key_store_reachable():
+        records = _key_store(data_dir).list()
     if as_json:
         for record in records:
             print(json.dumps(record.public()))
@@ -196,7 +221,8 @@ def keys_revoke(key_id: str, data_dir: DataDir = None) -> None:
     from gateway.keys import KeyNotFound
 
     try:
-        record = _key_store(data_dir).revoke(key_id)
+        with _key_store_reachable():
+            record = _key_store(data_dir).revoke(key_id)
     except KeyNotFound:
         console.print(f"[red]no key with id {key_id}[/]")
         raise typer.Exit(1) from None

@@ -300,7 +300,7 @@ def test_fast_mode_holds_a_cjk_prompt_at_a_token_a_character(upstream, tmp_path)
         upstream.behave("pricey-model", prompt_tokens=len(CJK) + 8, completion_tokens=20, text="四十二")
         answer = chat(gw, "pricey", CJK, max_tokens=20)
         assert answer.status_code == 403, answer.text
-        assert answer.json()["error"]["code"] == "policy_denied"
+        assert answer.json()["error"]["code"] == "budget_exceeded"  # the budget rule emptied the pool
         assert not upstream.requests_for("pricey-model")
         assert spend(gw) == 0
     finally:

@@ -78,6 +78,18 @@ class StepFailed(Exception):
     """A member failed (error, timeout, garbage); the workflow decides whether it can go on."""
 
 
+async def still_admitted(admissible: Admissible | None, excluded: dict[str, str], worker: Worker) -> bool:
+    """Whether ``admissible`` (the policy in force, asked again) still admits ``worker``; one it no
+    longer admits is added to ``excluded`` with why, and stays out for the rest of the request. The
+    one rule for a workflow's steps (`Run.admits`) and fast mode's attempts (the gateway's Exchange)."""
+    if worker.name in excluded:
+        return False
+    why = None if admissible is None else await admissible(worker)
+    if why is not None:
+        excluded[worker.name] = why
+    return why is None
+
+
 class Excluded(StepFailed):
     """The policy in force no longer admits the worker: it was reloaded after the request was admitted
     and leaves the worker out for this request (`Run.admissible`). The step is not made, the worker is
@@ -376,12 +388,7 @@ class Run:
     async def admits(self, worker: Worker) -> bool:
         """Whether the policy in force still admits ``worker`` for this run (see ``admissible``); one
         it no longer admits is kept in ``excluded``, with why, and stays excluded for the run."""
-        if worker.name in self.excluded:
-            return False
-        why = None if self.admissible is None else await self.admissible(worker)
-        if why is not None:
-            self.excluded[worker.name] = why
-        return why is None
+        return await still_admitted(self.admissible, self.excluded, worker)
 
     async def _still_admitted(self, role: str, worker: Worker) -> None:
         """Raise :class:`Excluded` (the step recorded as skipped, and why) when the policy in force
