@@ -80,14 +80,22 @@ workers:
 
 @contextmanager
 def running_upstream() -> Iterator[FakeUpstream]:
-    """A test upstream of its own on loopback, stopped on exit."""
+    """A test upstream of its own on loopback, stopped on exit (its held calls released first)."""
     fake = FakeUpstream()
     running = serve_in_thread(fake.app)
     fake.url = running.url  # type: ignore[attr-defined]
     try:
         yield fake
     finally:
+        fake.release_all()
         running.stop()
+
+
+@pytest.fixture
+def held() -> Iterator[FakeUpstream]:
+    """A test upstream of this test's own, for holding a worker's calls (`FakeUpstream.hold`)."""
+    with running_upstream() as fake:
+        yield fake
 
 
 @pytest.fixture(scope="session")

@@ -21,25 +21,11 @@ import pytest
 
 from policies import parse_catalog
 from tests.conftest import Gateway, catalog_yaml_for, start_gateway
-from tests.fakes.server import serve_in_thread
-from tests.test_router_live_change_plan import HeldUpstream
+from tests.fakes.upstream import FakeUpstream
 
 
 @pytest.fixture
-def held() -> Iterator[HeldUpstream]:
-    fake = HeldUpstream()
-    running = serve_in_thread(fake.app)
-    fake.url = running.url  # type: ignore[attr-defined]
-    try:
-        yield fake
-    finally:
-        for gate in fake.held.values():
-            gate.set()
-        running.stop()
-
-
-@pytest.fixture
-def gw(held: HeldUpstream, tmp_path: Path) -> Iterator[Gateway]:
+def gw(held: FakeUpstream, tmp_path: Path) -> Iterator[Gateway]:
     gateway = start_gateway(parse_catalog(catalog_yaml_for(held.url)), tmp_path / "data", retries=0)
     try:
         yield gateway
@@ -56,7 +42,7 @@ def wait_for(condition: Callable[[], object], what: str, timeout_s: float = 60.0
     return True
 
 
-def send_and_hang_up(gw: Gateway, held: HeldUpstream, question: str, caplog) -> None:
+def send_and_hang_up(gw: Gateway, held: FakeUpstream, question: str, caplog) -> None:
     """POST a plain chat request over a raw connection; once cheap's call is held at the upstream,
     close the connection, wait for the gateway to notice (its log line), then release the call."""
     body = json.dumps(

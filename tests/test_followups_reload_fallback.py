@@ -16,25 +16,12 @@ import yaml
 
 from policies import parse_catalog
 from tests.conftest import Gateway, catalog_yaml_for, ledger_record, start_gateway
-from tests.fakes.server import serve_in_thread
-from tests.test_router_live_change_plan import HeldUpstream, deny, during_first_step, edit_policy
+from tests.fakes.upstream import FakeUpstream
+from tests.test_router_live_change_plan import deny, during_first_step, edit_policy
 
 
 @pytest.fixture
-def held() -> Iterator[HeldUpstream]:
-    fake = HeldUpstream()
-    running = serve_in_thread(fake.app)
-    fake.url = running.url  # type: ignore[attr-defined]
-    try:
-        yield fake
-    finally:
-        for gate in fake.held.values():
-            gate.set()
-        running.stop()
-
-
-@pytest.fixture
-def gw(held: HeldUpstream, tmp_path: Path) -> Iterator[Gateway]:
+def gw(held: FakeUpstream, tmp_path: Path) -> Iterator[Gateway]:
     """The rule-based router's fast mode (cheapest first: cheap, mid, pricey), no retries, a policy
     file the test reloads itself."""
     (tmp_path / "policy.yaml").write_text(yaml.safe_dump({"version": "open"}))

@@ -9,10 +9,8 @@ and the test makes the change itself (the reload the watcher would make on its n
 
 from __future__ import annotations
 
-import asyncio
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -22,7 +20,6 @@ import yaml
 
 from policies import parse_catalog
 from tests.conftest import Gateway, catalog_yaml_for, ledger_record, start_gateway
-from tests.fakes.server import serve_in_thread
 from tests.fakes.upstream import FakeUpstream
 from tests.test_planner_gateway import (  # noqa: F401 (trained: a fixture)
     QUESTION,
@@ -35,39 +32,6 @@ from tests.test_planner_gateway import (  # noqa: F401 (trained: a fixture)
 DISAGREE = {"cheap": "A", "mid": "B", "pricey": "C"}  # the plan reads one answer and calls again
 
 
-class HeldUpstream(FakeUpstream):
-    """The test upstream, able to hold a model's calls until the test releases them: the call has
-    arrived (it is in `requests`) and is not answered yet, so a change made meanwhile lands between
-    that step and the next, whatever the machine's load."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.held: dict[str, threading.Event] = {}
-
-    def hold(self, model: str) -> threading.Event:
-        self.held[model] = threading.Event()
-        return self.held[model]
-
-    async def _answer(self, body, model):
-        gate = self.held.get(model)
-        if gate is not None:
-            await asyncio.to_thread(gate.wait, 120)
-        return await super()._answer(body, model)
-
-
-@pytest.fixture
-def held() -> Iterator[HeldUpstream]:
-    fake = HeldUpstream()
-    running = serve_in_thread(fake.app)
-    fake.url = running.url  # type: ignore[attr-defined]
-    try:
-        yield fake
-    finally:
-        for gate in fake.held.values():
-            gate.set()
-        running.stop()
-
-
 def wait_for(condition: Callable[[], object], what: str, timeout_s: float = 60.0) -> None:
     deadline = time.monotonic() + timeout_s
     while not condition():
@@ -75,7 +39,7 @@ def wait_for(condition: Callable[[], object], what: str, timeout_s: float = 60.0
         time.sleep(0.02)
 
 
-def planned(held: HeldUpstream, tmp_path: Path, trained, policy: dict | None = None, **settings) -> Gateway:  # noqa: F811
+def planned(held: FakeUpstream, tmp_path: Path, trained, policy: dict | None = None, **settings) -> Gateway:  # noqa: F811
     """A gateway whose router has the trained planner, on the held upstream; its policy file (if
     given) is reloaded by the test, not by the watcher's tick."""
     from router import save_artifact
@@ -95,7 +59,7 @@ def planned(held: HeldUpstream, tmp_path: Path, trained, policy: dict | None = N
 
 
 def during_first_step(
-    gw: Gateway, held: HeldUpstream, first: str, change: Callable[[], None], body: dict, headers: dict
+    gw: Gateway, held: FakeUpstream, first: str, change: Callable[[], None], body: dict, headers: dict
 ) -> httpx.Response:
     """Send ``body``; once ``first``'s call has reached the upstream (and is held there) make
     ``change``, then let the call answer. Returns the response."""

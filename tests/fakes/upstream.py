@@ -26,6 +26,7 @@ import base64
 import hashlib
 import math
 import struct
+import threading
 import time
 import uuid
 from collections import deque
@@ -39,6 +40,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 DEFAULT_TEXT = "Hello from the test upstream."
+HOLD_GUARD_S = 120.0  # a held call is answered after this at the latest: only against a hung test
 ECHO = "__echo__"
 
 
@@ -199,6 +201,7 @@ class FakeUpstream:
         # models of the streams that stopped before their end because the client went away (or the
         # stream stalled and was given up): the gateway cancelled its worker call
         self.abandoned: deque[str] = deque(maxlen=2000)
+        self.held: dict[str, threading.Event] = {}  # models whose calls wait until the test releases them
         self.app = Starlette(
             routes=[
                 Route("/v1/chat/completions", self._chat, methods=["POST"]),
@@ -219,7 +222,20 @@ class FakeUpstream:
         self.behaviours[model] = behaviour
         return behaviour
 
+    def hold(self, model: str) -> threading.Event:
+        """Hold `model`'s chat calls until the returned event is set: a call has arrived (it is in
+        `requests`) and is not answered yet, so a change the test makes meanwhile lands between that
+        step and the next, whatever the machine's load. `reset` releases every hold."""
+        self.held[model] = threading.Event()
+        return self.held[model]
+
+    def release_all(self) -> None:
+        for gate in self.held.values():
+            gate.set()
+        self.held.clear()
+
     def reset(self) -> None:
+        self.release_all()
         self.generation += 1  # a call still in flight from before the reset is not recorded after it
         self.behaviours.clear()
         self.requests.clear()
@@ -258,6 +274,8 @@ class FakeUpstream:
                 self.spans.append((model, arrived, time.monotonic()))
 
     async def _answer(self, body: dict[str, Any], model: str) -> Response:
+        if (gate := self.held.get(model)) is not None:
+            await asyncio.to_thread(gate.wait, HOLD_GUARD_S)
         behaviour = self._behaviour(model)
         behaviour.calls += 1
         if behaviour.latency_s:
