@@ -442,8 +442,9 @@ async def feedback(request: Request) -> JSONResponse:
 @router.get("/admin/router")
 async def admin_router(request: Request) -> JSONResponse:
     """The router in force, the λ a request that sets none gets (and where it comes from), what makes
-    the gateway decide otherwise than the model was validated (``warnings``), the model versions on
-    disk, and the last load error if any."""
+    the gateway decide otherwise than the model was validated (``warnings``), per worker what the
+    router knows of it and whether it can be called now, the model versions on disk, and the last load
+    error if any."""
     state = _state(request)
     await state.auth.admin(request)
     versions = await asyncio.to_thread(list_versions, state.router.root)
@@ -458,7 +459,7 @@ async def admin_router(request: Request) -> JSONResponse:
             **state.router.status(),
             "cost_weight": cost_weight,
             "warnings": warnings,
-            "workers": _router_basis(state),
+            "workers": _router_workers(state),
             "versions": versions,
         }
     )
@@ -476,3 +477,17 @@ def _router_basis(state: AppState) -> dict[str, dict]:
     if basis is None:
         return {w.name: {"basis": "rules"} for w in state.catalog.of_kind(Kind.chat)}
     return {w.name: basis(w) for w in state.catalog.of_kind(Kind.chat)}
+
+
+def _router_workers(state: AppState) -> dict[str, dict]:
+    """Per catalog chat worker, what the router knows of it (`_router_basis`) and whether it can be
+    called right now, by the check and in the words of /v1/models and /readyz (`AppState.availability`:
+    its key env var unset, its local server down or disabled). Without it, a worker the router can
+    never pick read here as merely running on a prior."""
+    admission = state.availability()
+    workers = {}
+    for name, basis in _router_basis(state).items():
+        exclusion = admission.exclusion_for(name)
+        reason = exclusion.reason if exclusion else None
+        workers[name] = {**basis, "available": reason is None, "unavailable_reason": reason}
+    return workers

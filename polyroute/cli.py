@@ -37,7 +37,9 @@ app = typer.Typer(
     help="polyroute: a cost-aware multi-model routing gateway.", no_args_is_help=True, rich_markup_mode=None
 )
 keys_app = typer.Typer(
-    help="Create, list and revoke API keys (stored hashed in the data dir).", rich_markup_mode=None
+    help="Create, list and revoke API keys (stored hashed: in Redis when REDIS_URL is set, else in the "
+    "data dir).",
+    rich_markup_mode=None,
 )
 app.add_typer(keys_app, name="keys")
 policies_app = typer.Typer(help="Validate a policy file and explain its decisions.", rich_markup_mode=None)
@@ -65,6 +67,14 @@ console = Console(stderr=True)
 DataDir = Annotated[
     Path | None,
     typer.Option("--data-dir", help="state directory [env POLYROUTE_DATA_DIR, default .polyroute]"),
+]
+RouterDir = Annotated[
+    Path | None, typer.Option(help="model store [env POLYROUTE_ROUTER_DIR] [default: <data dir>/router]")
+]
+# the RouteLLM folder of `router train --dataset routellm` and `router eval` (_routellm_root)
+RouteLLMData = Annotated[
+    Path | None,
+    typer.Option(help="dataset folder [env POLYROUTE_ROUTELLM_DATA, default: ../shared/data/routellm]"),
 ]
 
 
@@ -126,11 +136,22 @@ def _prepare_local_models(catalog, models_dir: Path) -> None:
 
 @app.command()
 def serve(
-    host: Annotated[str | None, typer.Option(help="bind address [env POLYROUTE_HOST]")] = None,
+    host: Annotated[
+        str | None, typer.Option(help="bind address [env POLYROUTE_HOST, default 127.0.0.1]")
+    ] = None,
     port: Annotated[int | None, typer.Option(help="port [env POLYROUTE_PORT, default 8400]")] = None,
-    workers_file: Annotated[Path | None, typer.Option(help="worker catalog YAML")] = None,
+    workers_file: Annotated[
+        Path | None, typer.Option(help="worker catalog YAML [env POLYROUTE_WORKERS_FILE, default: embedded]")
+    ] = None,
     data_dir: DataDir = None,
-    local_workers: Annotated[bool | None, typer.Option("--local-workers/--no-local-workers")] = None,
+    local_workers: Annotated[
+        bool | None,
+        typer.Option(
+            "--local-workers/--no-local-workers",
+            help="start the catalog's local (llama.cpp) workers "
+            "[env POLYROUTE_LOCAL_WORKERS, default: start them]",
+        ),
+    ] = None,
     log_level: Annotated[str, typer.Option(help="debug, info, warning")] = "info",
 ) -> None:
     """Run the gateway (embedded defaults: in-process state, the local llama.cpp worker)."""
@@ -216,7 +237,10 @@ def keys_list(
 
 
 @keys_app.command("revoke")
-def keys_revoke(key_id: str, data_dir: DataDir = None) -> None:
+def keys_revoke(
+    key_id: Annotated[str, typer.Argument(help="the key's id (see keys list), not the key itself")],
+    data_dir: DataDir = None,
+) -> None:
     """Revoke a key by id; a running gateway refuses it within a second."""
     from gateway.keys import KeyNotFound
 
@@ -230,29 +254,48 @@ def keys_revoke(key_id: str, data_dir: DataDir = None) -> None:
 
 
 @app.command()
-def workers(workers_file: Annotated[Path | None, typer.Option(help="worker catalog YAML")] = None) -> None:
-    """Show the worker catalog and which workers are available here."""
-    from policies import CatalogError, load_catalog
+def workers(
+    workers_file: Annotated[
+        Path | None,
+        typer.Option(
+            help="worker catalog YAML [env POLYROUTE_WORKERS_FILE, default: embedded], as `serve` reads it"
+        ),
+    ] = None,
+) -> None:
+    """Show the worker catalog and which workers are available here (and why not)."""
+    catalog = _offline_catalog(workers_file, 2)
+    out = Console()
+    out.print(_workers_table(catalog))
+    unavailable = [(w.name, reason) for w in catalog.workers if (reason := w.availability()) is not None]
+    if unavailable:
+        # below the table, not in a column: a reason (the env var to set) wrapped into a narrow column
+        # was cut as short as the names were
+        out.print("not available here:")
+        for name, reason in unavailable:
+            out.print(f"  {name}: {reason}", markup=False, highlight=False)
 
-    try:
-        catalog = load_catalog(workers_file)
-    except CatalogError as exc:
-        console.print(f"[red]{exc}[/]")
-        raise typer.Exit(2) from None
-    table = Table("worker", "tier", "$/1M in", "$/1M out", "active B", "license", "where", "available")
+
+def _workers_table(catalog) -> Table:
+    """The catalog as a table whose name column is never cut: the name is what a user types to pin a
+    worker, so in a narrow terminal (80 columns) the other columns shrink instead."""
+    table = Table()
+    longest = max((len(w.name) for w in catalog.workers), default=6)
+    table.add_column("worker", no_wrap=True, min_width=longest)
+    table.add_column("available", no_wrap=True)
+    for heading in ("tier", "$/1M in", "$/1M out", "active B", "license", "where"):
+        table.add_column(heading)
     for w in catalog.workers:
-        reason = w.availability()
         table.add_row(
             w.name,
+            "yes" if w.availability() is None else "no",
             w.tier.value,
             str(w.input_price_per_m),
             str(w.output_price_per_m),
             str(w.active_params_b or "?"),
             w.license,
             w.jurisdiction or "?",
-            "yes" if reason is None else f"no: {reason}",
         )
-    Console().print(table)
+    return table
 
 
 def _policy_file(policy: Path | None, data_dir: Path | None) -> Path:
@@ -269,7 +312,7 @@ def _policy_file(policy: Path | None, data_dir: Path | None) -> Path:
 
 @policies_app.command("validate")
 def policies_validate(
-    file: Path,
+    file: Annotated[Path, typer.Argument(help="the policy YAML to check")],
     workers_file: Annotated[
         Path | None,
         typer.Option(
@@ -308,12 +351,23 @@ def policies_validate(
 @policies_app.command("explain")
 def policies_explain(
     text: Annotated[str, typer.Option(help="the request text to judge")],
-    tenant: Annotated[str, typer.Option(help="tenant")] = "default",
+    tenant: Annotated[str, typer.Option(help="the tenant the request comes from")] = "default",
     model: Annotated[str, typer.Option(help="requested model: auto, an alias or a worker")] = "auto",
     data_class: Annotated[str | None, typer.Option(help="the request's own data-class tag")] = None,
     max_tokens: Annotated[int | None, typer.Option(help="the request's max_tokens")] = None,
-    policy: Annotated[Path | None, typer.Option(help="policy YAML [default: what the gateway uses]")] = None,
-    workers_file: Annotated[Path | None, typer.Option(help="worker catalog YAML")] = None,
+    policy: Annotated[
+        Path | None,
+        typer.Option(
+            help="policy YAML [env POLYROUTE_POLICY_FILE, else <data dir>/policy.yaml, else the embedded "
+            "default: what the gateway uses]"
+        ),
+    ] = None,
+    workers_file: Annotated[
+        Path | None,
+        typer.Option(
+            help="worker catalog YAML [env POLYROUTE_WORKERS_FILE, default: embedded], as `serve` reads it"
+        ),
+    ] = None,
     data_dir: DataDir = None,
     as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
     assume_available: Annotated[
@@ -337,7 +391,7 @@ def policies_explain(
     path = _policy_file(policy, data_dir)
     try:
         engine = compile_policy(path.read_text(encoding="utf-8"), str(path))
-        catalog = load_catalog(workers_file)
+        catalog = load_catalog(_workers_file(workers_file))
         admission = engine.evaluate(
             PolicyRequest(
                 tenant=tenant,
@@ -675,11 +729,13 @@ def _ledger_rows(
 def router_train(
     ctx: typer.Context,
     dataset: Annotated[str | None, typer.Option(help="a labelled dataset: routellm")] = None,
-    data: Annotated[
-        Path | None, typer.Option(help="dataset folder [default: ../shared/data/routellm]")
-    ] = None,
+    data: RouteLLMData = None,
     from_ledger: Annotated[
-        bool, typer.Option("--from-ledger", help="train on the ledger's feedback")
+        bool,
+        typer.Option(
+            "--from-ledger",
+            help="train on the ledger's scores [Redis when REDIS_URL is set, else <data dir>/ledger.jsonl]",
+        ),
     ] = False,
     fmt: Annotated[
         str | None,
@@ -701,7 +757,7 @@ def router_train(
     ] = None,
     backend: Backend = "static",
     model: ModelKind = "auto",
-    seed: int = 0,
+    seed: Annotated[int, typer.Option(help="random seed of the validation split and the fit")] = 0,
     activate: Annotated[
         bool, typer.Option("--activate/--no-activate", help="put the new model in force")
     ] = True,
@@ -711,7 +767,7 @@ def router_train(
             help="worker catalog YAML (tiers for priors) [env POLYROUTE_WORKERS_FILE, default: embedded]"
         ),
     ] = None,
-    router_dir: Annotated[Path | None, typer.Option(help="model store [default: <data dir>/router]")] = None,
+    router_dir: RouterDir = None,
     data_dir: DataDir = None,
     weight_calibration: WeightCalibration = 1.0,
     weight_judge: WeightJudge = 0.5,
@@ -912,7 +968,7 @@ def _train_cascade(
 
 @router_app.command("status")
 def router_status(
-    router_dir: Annotated[Path | None, typer.Option(help="model store [default: <data dir>/router]")] = None,
+    router_dir: RouterDir = None,
     data_dir: DataDir = None,
 ) -> None:
     """The version in force, the previous one, and every version on disk with its card.
@@ -959,7 +1015,7 @@ def router_status(
 
 @router_app.command("rollback")
 def router_rollback(
-    router_dir: Annotated[Path | None, typer.Option(help="model store [default: <data dir>/router]")] = None,
+    router_dir: RouterDir = None,
     data_dir: DataDir = None,
 ) -> None:
     """Put the previous model back in force (a running gateway swaps within a second)."""
@@ -976,11 +1032,13 @@ def router_rollback(
 @router_app.command("activate")
 def router_activate(
     version: Annotated[str, typer.Argument(help="a version on disk (see router status)")],
-    router_dir: Annotated[Path | None, typer.Option(help="model store [default: <data dir>/router]")] = None,
+    router_dir: RouterDir = None,
     data_dir: DataDir = None,
 ) -> None:
-    """Put a trained version in force, e.g. a candidate trained with --no-activate once `router eval
-    --from-ledger --candidate` has estimated it; the one it replaces stays for rollback."""
+    """Put a trained version in force; the one it replaces stays for rollback.
+
+    For instance a candidate trained with --no-activate, once `router eval --from-ledger --candidate`
+    has estimated it."""
     from router import RouterLoadError, activate_version
 
     try:
@@ -1001,9 +1059,7 @@ ONBOARD_REPEATS = 3
 @router_app.command("eval")
 def router_eval(
     dataset: Annotated[str, typer.Option(help="routellm (ignored with --format)")] = "routellm",
-    data: Annotated[
-        Path | None, typer.Option(help="dataset folder [default: ../shared/data/routellm]")
-    ] = None,
+    data: RouteLLMData = None,
     fmt: Annotated[
         str | None,
         typer.Option(
@@ -1018,7 +1074,7 @@ def router_eval(
     ] = None,
     backend: Backend = "static",
     model: ModelKind = "auto",
-    seed: int = 0,
+    seed: Annotated[int, typer.Option(help="random seed of the train/test split and the fit")] = 0,
     out: Annotated[Path | None, typer.Option(help="result JSON")] = None,
     plot: Annotated[Path | None, typer.Option(help="curves PNG")] = None,
     strategy: Annotated[
@@ -1031,7 +1087,8 @@ def router_eval(
     save_acceptance: Annotated[
         bool,
         typer.Option(
-            help="with --strategy cascade: train the acceptance model on all rows, save it to the router dir"
+            help="with --strategy cascade: train the acceptance model on all rows, save it to the router "
+            "dir (--router-dir)"
         ),
     ] = False,
     data_dir: DataDir = None,
@@ -1043,10 +1100,18 @@ def router_eval(
     ] = None,
     ledger: Annotated[
         Path | None,
-        typer.Option(help="a ledger JSONL file (ledger.jsonl or a `ledger export`) [default: the gateway's]"),
+        typer.Option(
+            help="a ledger JSONL file (ledger.jsonl or a `ledger export`) [default: the gateway's: "
+            "Redis when REDIS_URL is set, else <data dir>/ledger.jsonl]"
+        ),
     ] = None,
-    workers_file: Annotated[Path | None, typer.Option(help="worker catalog YAML (today's prices)")] = None,
-    router_dir: Annotated[Path | None, typer.Option(help="model store [default: <data dir>/router]")] = None,
+    workers_file: Annotated[
+        Path | None,
+        typer.Option(
+            help="worker catalog YAML (today's prices) [env POLYROUTE_WORKERS_FILE, default: embedded]"
+        ),
+    ] = None,
+    router_dir: RouterDir = None,
     confidence: Annotated[float, typer.Option(help="confidence level of the intervals")] = 0.95,
     weight_calibration: WeightCalibration = 1.0,
     weight_judge: WeightJudge = 0.5,
@@ -1112,7 +1177,9 @@ def router_eval(
         _router_eval_files(fmt, train or [], test or [], prices, backend, model, seed, out, plot, strategy)
         return
     if strategy == "cascade":
-        _router_eval_cascade(data, seed, out, plot, save_acceptance, data_dir)
+        _router_eval_cascade(
+            data, seed, out, plot, save_acceptance, _router_dir(router_dir, data_dir), data_dir
+        )
         return
     if dataset != "routellm":
         console.print(f"[red]unknown dataset {dataset!r}[/] (known: routellm)")
@@ -1252,9 +1319,17 @@ def _print_ips_report(report: dict) -> None:
 
 
 def _router_eval_cascade(
-    data: Path | None, seed: int, out: Path | None, plot: Path | None, save: bool, data_dir: Path | None
+    data: Path | None,
+    seed: int,
+    out: Path | None,
+    plot: Path | None,
+    save: bool,
+    router_root: Path,
+    data_dir: Path | None,
 ) -> None:
-    """The cascade replayed on RouteLLM's GSM8K responses (router/offline/cascade.py)."""
+    """The cascade replayed on RouteLLM's GSM8K responses (router/offline/cascade.py). With ``save``,
+    the acceptance model goes to ``router_root``, where the gateway's cascade looks for it (the router
+    dir: --router-dir, POLYROUTE_ROUTER_DIR, else <data dir>/router)."""
     from router.offline import run_gsm8k_cascade
     from router.offline.cascade import fit_and_save_acceptance
 
@@ -1269,7 +1344,7 @@ def _router_eval_cascade(
         raise typer.Exit(1) from None
     console.print(f"acceptance model AUC {report['acceptance_auc']:.3f}; wrote {out} and {plot}")
     if save:
-        saved = fit_and_save_acceptance(source, _data_dir(data_dir) / "router" / "acceptance.joblib", seed)
+        saved = fit_and_save_acceptance(source, router_root / "acceptance.joblib", seed)
         console.print(f"saved the acceptance model to {saved} (the gateway's cascade verifier 'model')")
 
 
@@ -1328,8 +1403,10 @@ def router_split(
     fmt: Annotated[str, typer.Option("--format", help="routerbench or llmrouter")],
     input_: Annotated[list[Path], typer.Option("--input", help="data file to split, repeatable")],
     out_dir: Annotated[Path, typer.Option(help="writes OUT_DIR/train/<file> and OUT_DIR/test/<file>")],
-    test_fraction: float = 0.2,
-    seed: int = 0,
+    test_fraction: Annotated[
+        float, typer.Option(help="share of each task's queries held out for test (between 0 and 1)")
+    ] = 0.2,
+    seed: Annotated[int, typer.Option(help="random seed of the split")] = 0,
 ) -> None:
     """A deterministic train/test split of data files by query, stratified by task, in the same format."""
     from router.offline.split import write_split

@@ -90,7 +90,13 @@ def test_a_first_start_routes_auto_with_the_prior_and_says_which_workers_are_cal
         while _get(gw, "/admin/router")["version"] != onboarded.version and time.monotonic() < deadline:
             time.sleep(0.1)
         workers = _get(gw, "/admin/router")["workers"]
-        assert workers[name] == {"basis": "calibrated", "labels": 20, "from": "calibration probes"}
+        assert workers[name] == {
+            "basis": "calibrated",
+            "labels": 20,
+            "from": "calibration probes",
+            "available": True,
+            "unavailable_reason": None,
+        }
         assert all(b["basis"] == "prior" for w, b in workers.items() if w != name)
     finally:
         gw.server.stop()
