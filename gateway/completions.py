@@ -39,7 +39,15 @@ from gateway.store import (
     StoreUnavailable,
     to_micros,
 )
-from gateway.upstream import Completion, OpenStream, WorkerError
+from gateway.upstream import (
+    Attempt,
+    Completion,
+    OpenStream,
+    WorkerError,
+    attempts_header,
+    given_up,
+    with_attempts,
+)
 from policies import Admission, PolicyRequest, PolicyRequestError, Spend, estimate_tokens, predicted_cost
 from policies.admission import BUDGET_RULE_PREFIX
 from policies.catalog import Kind
@@ -1035,11 +1043,11 @@ def _deadline_error(state: AppState, failures: list[WorkerError]) -> APIError:
 LEFT_OUT_HEADER = "x-polyroute-left-out"  # workers a policy reload left out after admission
 
 
-def _answered_headers(ex: Exchange, worker: str, failures: list[WorkerError]) -> dict[str, str]:
-    headers = {**ex.headers, "x-polyroute-worker": worker}
+def _answered_headers(ex: Exchange, answer, failures: list[WorkerError]) -> dict[str, str]:
+    headers = {**ex.headers, "x-polyroute-worker": answer.worker.name}
     if failures:
         headers["x-polyroute-fallbacks"] = ",".join(f.worker for f in failures)
-    return headers | _left_out(ex)
+    return headers | attempts_header(given_up(failures, answer)) | _left_out(ex)
 
 
 def _left_out(ex: Exchange) -> dict[str, str]:
@@ -1088,7 +1096,7 @@ async def _complete(state: AppState, ex: Exchange) -> Response:
         return await _client_gone(state, ex, result, failures)
     if result is None:
         return await _failed(state, ex, failures, late)
-    headers = _answered_headers(ex, result.worker.name, failures)
+    headers = _answered_headers(ex, result, failures)
     headers["x-polyroute-cost-usd"] = format_cost(result.cost_usd + ex.settled.cost_usd)
     trace = _answer_trace(ex, result, failures)
     await ex.finish(
@@ -1124,6 +1132,7 @@ def no_choices(result: Completion) -> WorkerError:
     )
     err.prompt_tokens, err.completion_tokens = result.prompt_tokens, result.completion_tokens
     err.cost_usd = result.cost_usd
+    err.attempts = (*result.attempts, Attempt(result.worker.name, "empty_answer", 502, True))
     return err
 
 
@@ -1137,7 +1146,7 @@ def _degraded_trace(ex: Exchange, worker: str | None, usage, failures: list[Work
         )
     if ex.excluded:
         trace = {**(trace or {}), "excluded_by_policy": dict(ex.excluded)}
-    return trace
+    return with_attempts(trace, given_up(failures, usage))
 
 
 def _answer_trace(ex: Exchange, result: Completion, failures: list[WorkerError]) -> dict | None:
@@ -1209,6 +1218,7 @@ async def _failed(
         **ex.headers,
         **err.headers,
         **_left_out(ex),
+        **attempts_header(given_up(failures)),
         "x-polyroute-cost-usd": format_cost(ex.settled.cost_usd),
         "x-polyroute-worker": worker,
     }
@@ -1249,7 +1259,7 @@ async def _stream(state: AppState, ex: Exchange) -> Response:
     if stream is None:
         return await _failed(state, ex, failures)
     assert isinstance(stream, OpenStream)
-    headers = _answered_headers(ex, stream.worker.name, failures)
+    headers = _answered_headers(ex, stream, failures)
     # Headers leave before the answer: this is the prompt-side cost; the final usage chunk carries
     # the actual total under "polyroute".
     headers |= {

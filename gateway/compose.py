@@ -29,7 +29,6 @@ import time
 import zlib
 from dataclasses import dataclass, replace
 from decimal import Decimal, InvalidOperation
-from pathlib import Path
 from typing import Any
 
 import orjson
@@ -40,6 +39,7 @@ from gateway import memory, tracing
 from gateway.errors import APIError, error_response
 from gateway.readmit import still_admits
 from gateway.schemas import ChatCompletionRequest
+from gateway.upstream import Attempt, WorkerError, attempts_header, with_attempts
 from policies import Worker, predicted_cost
 from router import RouteRequest
 from router.compose import (
@@ -98,7 +98,6 @@ SAMPLING = (
 )
 # The client's output format: sent to the steps whose answer may be returned, not to a judge's (base.JUDGING_ROLES)
 ANSWER_FORMAT = ("response_format", "logprobs", "top_logprobs", "logit_bias")
-ACCEPTANCE_FILE = "acceptance.joblib"
 STREAM_CHUNK_CHARS = 48
 STREAM_CHUNK_TOKENS = 8  # with logprobs: the tokens (and their logprobs) of one streamed chunk
 CLIENT_GONE = "the client disconnected"
@@ -123,6 +122,8 @@ class Composition:
     steps: tuple[dict[str, Any], ...] = ()
     # workers fast mode must not call in place of a compose:<workflow>: predicted over the client's ceiling
     skip: frozenset[str] = frozenset()
+    # the workflow's worker calls given up (gateway/upstream.py Attempt), when it ran before fast mode
+    attempts: tuple[Attempt, ...] = ()
 
     @property
     def degraded(self) -> bool:
@@ -393,7 +394,7 @@ def degraded_trace(
             "verdict": "fast mode (degraded)",
         }
     ]
-    return {
+    trace = {
         "workflow": composition.requested,
         "mode": "fast",
         "degraded": True,
@@ -402,6 +403,7 @@ def degraded_trace(
         "cost_usd": f"{ran + cost_usd:f}",
         "steps": [*composition.steps, *tried, *(answered if worker is not None else ())],
     }
+    return with_attempts(trace, composition.attempts) or trace
 
 
 def _ceiling(state, chat: ChatCompletionRequest, admission) -> Decimal:
@@ -469,16 +471,26 @@ def _acceptance_model(path: str, mtime_ns: int):
     return joblib.load(path)
 
 
-def _verifier(state, pool: tuple[Worker, ...], chat: ChatCompletionRequest):
+def _verifier(
+    state, pool: tuple[Worker, ...], chat: ChatCompletionRequest, router_version: str | None = None
+):
+    """The cascade's verifier; `model` is the acceptance model of ``router_version`` (the request's
+    router: default the one in force), kept in its version directory (router/artifacts.py)."""
     kind = (chat.metadata or {}).get("verifier") or state.settings.compose_verifier
-    model_path = Path(state.router.root) / ACCEPTANCE_FILE
-    if kind in ("auto", "model") and model_path.exists():
-        return ModelVerifier(_acceptance_model(str(model_path), model_path.stat().st_mtime_ns))
+    found = state.router.acceptance(router_version) if kind in ("auto", "model") else None
+    if found is not None:
+        try:
+            mtime_ns = found.path.stat().st_mtime_ns
+        except FileNotFoundError:  # removed since it was found (a version deleted): as if never there
+            found = None
+        else:
+            return ModelVerifier(_acceptance_model(str(found.path), mtime_ns))
     if kind == "model":
+        version = router_version or state.router.current.version
         raise APIError(
             400,
-            f"no acceptance model at {model_path}: run `polyroute router eval --strategy cascade "
-            "--save-acceptance`",
+            f"no acceptance model for router version {version} under {state.router.root}: run "
+            "`polyroute router eval --strategy cascade --save-acceptance`",
             param="metadata.verifier",
             code="invalid_value",
         )
@@ -520,7 +532,11 @@ def _text_keys(settings):
     return keys
 
 
-def workflow_for(state, composition: Composition, chat: ChatCompletionRequest):
+def workflow_for(
+    state, composition: Composition, chat: ChatCompletionRequest, router_version: str | None = None
+):
+    """The workflow to run; ``router_version``: the request's router, whose acceptance model a
+    cascade's `model` verifier uses (default: the router in force)."""
     settings, metadata = state.settings, chat.metadata or {}
     if composition.workflow == "plan":
         return Planned(
@@ -533,7 +549,8 @@ def workflow_for(state, composition: Composition, chat: ChatCompletionRequest):
             question_rule=composition.question_rule,
         )
     if composition.workflow == "cascade":
-        return Cascade(_verifier(state, composition.pool, chat), depth=settings.compose_depth)
+        verifier = _verifier(state, composition.pool, chat, router_version)
+        return Cascade(verifier, depth=settings.compose_depth)
     if composition.workflow == "ensemble":
         return Ensemble(members=settings.compose_members, concurrency=settings.compose_members)
     if composition.workflow == "builder":
@@ -556,12 +573,19 @@ def _excluded_note(run: Run) -> str:
     return "; left out by a policy reload during the workflow: " + ", ".join(sorted(run.excluded))
 
 
-def _asker(state):
-    """One workflow step's call. Its bounds (the step timeout, the request's deadline) are Run's."""
+def _asker(state, given_up: list[Attempt]):
+    """One workflow step's call. Its bounds (the step timeout, the request's deadline) are Run's.
+    The calls of its worker given up on the way (retried, or the step's failure) go to ``given_up``,
+    for the request's trace and header (gateway/upstream.py Attempt)."""
 
     async def ask(worker: Worker, messages: list[dict[str, Any]], params: dict[str, Any]) -> Answer:
         step = ChatCompletionRequest.model_validate({"model": worker.name, "messages": messages, **params})
-        result = await state.client.complete(worker, state.api_base(worker), step)
+        try:
+            result = await state.client.complete(worker, state.api_base(worker), step)
+        except WorkerError as err:
+            given_up.extend(err.attempts)
+            raise
+        given_up.extend(result.attempts)
         choices = result.body.get("choices") or [{}]
         text = (choices[0].get("message") or {}).get("content") or ""
         return Answer(
@@ -583,7 +607,7 @@ async def respond(state, request: Request, ex, composition: Composition) -> Resp
     chat = ex.chat
     try:
         ceiling = _ceiling(state, chat, ex.admission)
-        workflow = workflow_for(state, composition, chat)
+        workflow = workflow_for(state, composition, chat, ex.router_version)
     except APIError as err:  # refused before any step: counted, logged and traced as every refusal
         return refused(state, err, ex.headers, ex.wire, started=ex.started, stream=ex.chat.stream)
     strategy = f"{PREFIX}{composition.workflow}"
@@ -603,10 +627,11 @@ async def respond(state, request: Request, ex, composition: Composition) -> Resp
         return error_response(err)
     params = {k: v for k in SAMPLING if (v := getattr(chat, k)) is not None}
     deadline = asyncio.get_running_loop().time() + ex.remaining(state)
+    given_up: list[Attempt] = []  # the steps' worker calls given up (retried, or failed)
     run = Run(
         messages=memory.workflow_messages(ex.memory, chat.messages_payload()),
         pool=composition.pool,
-        ask=_asker(state),
+        ask=_asker(state, given_up),
         deadline=deadline,
         output_limits={w.name: n for w in composition.pool if (n := known_output_limit(w.model)) is not None},
         ceiling_usd=ceiling,
@@ -629,19 +654,28 @@ async def respond(state, request: Request, ex, composition: Composition) -> Resp
             watcher.cancel()
             # what the answered steps cost is owed however the run ended: booked in a task of its
             # own, which a second cancellation (the shutdown's) does not stop
-            await books.write(_ended_by(state, ex, composition, run, strategy, exc))
+            await books.write(_ended_by(state, ex, composition, run, strategy, exc, given_up))
             raise
         watcher.cancel()
         await asyncio.wait([watcher])  # its read of the connection ends before the response's begins
-        return await _answer(state, request, ex, composition, run, outcome, strategy, headers)
+        return await _answer(state, request, ex, composition, run, outcome, strategy, headers, given_up)
     finally:
         books.done()
 
 
 async def _answer(
-    state, request: Request, ex, composition: Composition, run: Run, outcome, strategy: str, headers: dict
+    state,
+    request: Request,
+    ex,
+    composition: Composition,
+    run: Run,
+    outcome,
+    strategy: str,
+    headers: dict,
+    given_up: list[Attempt],
 ) -> Response | None:
-    """The workflow's outcome as the response, once it ended (see :func:`respond`)."""
+    """The workflow's outcome as the response, once it ended (see :func:`respond`); ``given_up``:
+    the steps' worker calls given up, in the trace (`attempts`) and the x-polyroute-attempts header."""
     from gateway.completions import format_cost
 
     chat = ex.chat
@@ -652,13 +686,14 @@ async def _answer(
     if run.excluded:  # said in the note (header, trace, error) and, with each reason, in the trace
         outcome.note = (outcome.note or composition.note) + _excluded_note(run)
         outcome.detail["excluded_by_policy"] = dict(run.excluded)
-    trace = outcome.trace()
+    trace = with_attempts(outcome.trace(), given_up)
     prompt_tokens = sum(s.prompt_tokens for s in outcome.steps)
     completion_tokens = sum(s.completion_tokens for s in outcome.steps)
     final = outcome.answer
     headers |= {
         "x-polyroute-cost-usd": format_cost(outcome.cost_usd),
         COMPOSE_HEADER: outcome.note or composition.note,
+        **attempts_header(given_up),
     }
     if composition.workflow == "plan":
         headers[PLAN_HEADER] = plan_header(outcome.detail)
@@ -667,7 +702,9 @@ async def _answer(
             state, ex, outcome, strategy, headers, trace, prompt_tokens, completion_tokens
         )
     if final is None:
-        if await _to_fast_mode(state, ex, composition, run, outcome, prompt_tokens, completion_tokens):
+        if await _to_fast_mode(
+            state, ex, composition, run, outcome, prompt_tokens, completion_tokens, given_up
+        ):
             return None
         await ex.finish(
             state, None, 502, [], prompt_tokens, completion_tokens, outcome.cost_usd, strategy, trace
@@ -722,7 +759,14 @@ def _count_failure(state, ex, strategy: str, error: str, status: str) -> None:
 
 
 async def _to_fast_mode(
-    state, ex, composition: Composition, run: Run, outcome, prompt_tokens: int, completion_tokens: int
+    state,
+    ex,
+    composition: Composition,
+    run: Run,
+    outcome,
+    prompt_tokens: int,
+    completion_tokens: int,
+    given_up: list[Attempt],
 ) -> bool:
     """Whether fast mode answers instead of the 502 of a workflow without an answer: yes when `auto`
     chose the workflow (a client's compose:<workflow> asked for that workflow, and gets its outcome),
@@ -740,7 +784,10 @@ async def _to_fast_mode(
     await ex.release(state)  # the hold of the ceiling goes; what the steps cost stays on the budget
     note = f"degraded: the {composition.workflow} workflow produced no answer ({outcome.note}); fast mode"
     ex.degraded = Composition(
-        note=note, requested=composition.workflow, steps=tuple(s.public() for s in outcome.steps)
+        note=note,
+        requested=composition.workflow,
+        steps=tuple(s.public() for s in outcome.steps),
+        attempts=tuple(given_up),
     )
     ex.skip = tried
     # the router chose the workflow, not fast mode's first worker: no route record for offline
@@ -787,10 +834,19 @@ class _Books:
             self._written.set_result(None)
 
 
-async def _ended_by(state, ex, composition: Composition, run: Run, strategy: str, exc: BaseException) -> None:
+async def _ended_by(
+    state,
+    ex,
+    composition: Composition,
+    run: Run,
+    strategy: str,
+    exc: BaseException,
+    given_up: list[Attempt],
+) -> None:
     """The workflow ended by an exception: a fault (500), the request cancelled — the gateway shutting
     down — (503), or, the client gone, 499. The steps that answered were paid: their cost settles the
-    budget's hold and the ledger records it with the trace, as for a workflow that ended."""
+    budget's hold and the ledger records it with the trace (and the worker calls given up), as for a
+    workflow that ended."""
     if run.stopped is not None:
         name, status, label = "client_disconnected", 499, "client_disconnected"
     elif isinstance(exc, asyncio.CancelledError):
@@ -799,7 +855,7 @@ async def _ended_by(state, ex, composition: Composition, run: Run, strategy: str
         name, status, label = "workflow_error", 500, "500"
     why = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
     outcome = Outcome(None, composition.workflow or "", list(run.steps), f"ended by {why}"[:300])
-    trace = {**outcome.trace(), "ended": name}
+    trace = with_attempts({**outcome.trace(), "ended": name}, given_up)
     await ex.finish(
         state,
         None,

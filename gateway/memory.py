@@ -334,6 +334,7 @@ def _merge(rounds: list[Completion]) -> Completion:
         completion,
         sum((r.cost_usd for r in rounds), Decimal(0)),
         usage_estimated=any(r.usage_estimated for r in rounds),
+        attempts=tuple(a for r in rounds for a in r.attempts),  # every round's calls given up
     )
 
 
@@ -588,6 +589,7 @@ async def open_stream(state, ex, worker, api_base) -> OpenStream:
     chat = _with_memory(ex.chat, memory, tools, offer=memory.max_expansions > 0)
     prior = (0, 0, Decimal(0))
     prior_estimated = False  # a consumed round's usage was counted here
+    given_up: tuple = ()  # calls a consumed round's worker gave up before its stream opened
     memory.expansions = 0
     rounds = 0
     iterator = None
@@ -611,6 +613,7 @@ async def open_stream(state, ex, worker, api_base) -> OpenStream:
                 prior[2] + stream.cost_usd,
             )
             prior_estimated = prior_estimated or stream.usage_estimated
+            given_up += stream.attempts
             ex.spent(stream.prompt_tokens, stream.completion_tokens, stream.cost_usd)  # owed from now on
             if memory.expansions >= memory.max_expansions:
                 chat = _final(chat, ex.chat, tools)
@@ -631,9 +634,11 @@ async def open_stream(state, ex, worker, api_base) -> OpenStream:
         raise
     ex.answered()  # the stream's usage carries the consumed rounds (`prior`)
     ex.headers[MEMORY_HEADER] = memory.header()
-    return MemoryStream(
+    merged = MemoryStream(
         stream, iterator, buffered, prior, lambda answer: _remember(state, memory, answer), prior_estimated
     )
+    merged.attempts = given_up + stream.attempts  # the ledger's trace says which calls may be billed
+    return merged
 
 
 # ------------------------------------------------------------------------------ workflows

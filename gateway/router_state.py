@@ -17,7 +17,7 @@ from pathlib import Path
 
 from policies import Worker
 from router import CheapestRouter, LearnedRouter, RouterLoadError, load_version, read_pointer
-from router.artifacts import servable
+from router.artifacts import AcceptanceFile, acceptance_path, servable
 
 log = logging.getLogger("polyroute.router")
 
@@ -49,6 +49,7 @@ class RouterHolder:
         self._failed_version: str | None = None
         self._settings = (default_cost_weight, exploration, min_examples)
         self._lock = threading.Lock()
+        self._legacy_said: set[str] = set()  # versions whose cascade reads the router dir's file, said once
         self.reload()
         if self.error is None and self.current is self.rules:
             self.error = startup_error
@@ -136,6 +137,24 @@ class RouterHolder:
         self.error = error
         self._failed_version = version
         return False
+
+    def acceptance(self, version: str | None = None) -> AcceptanceFile | None:
+        """The cascade's acceptance model for ``version`` (default: the router in force; "rules": the
+        rule-based router): the version's own file, so a rollback or a new version switches it with
+        the quality model. A version without one reads the router dir's `acceptance.joblib`, where
+        it was kept before versions carried it — for one release, said once per version in the log."""
+        version = self.current.version if version is None else version
+        found = acceptance_path(self.root, version)
+        if found is not None and found.legacy and version not in self._legacy_said:
+            self._legacy_said.add(version)
+            log.warning(
+                "router version %s has no acceptance model of its own: the cascade reads %s, where it was "
+                "kept before versions carried it (read for one more release; store it in the version with "
+                "`polyroute router eval --strategy cascade --save-acceptance`)",
+                version,
+                found.path,
+            )
+        return found
 
     def status(self) -> dict:
         router = self.current

@@ -22,12 +22,14 @@ import asyncio
 import logging
 import math
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 from email.utils import parsedate_to_datetime
 from typing import Any
 
+import aiohttp
+import httpx
 import litellm
 from tenacity import (
     AsyncRetrying,
@@ -92,6 +94,117 @@ class WorkerError(Exception):
         self.prompt_tokens = 0
         self.completion_tokens = 0
         self.cost_usd = Decimal(0)
+        # Every call of this worker that was given up, retries and the last one (`Attempt`): the
+        # ledger's trace and the response's header name them (`given_up`); () when none was made.
+        self.attempts: tuple[Attempt, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    """One call of a worker given up: retried on the same worker, or the last before the caller fell
+    back (or failed). A read timeout means the request reached the provider, which may run and bill
+    it though nothing came back; only `polyroute_worker_attempts_total{outcome="error"}` counted
+    these before, so a provider's invoice could not be matched to requests.
+
+    `may_be_billed` is a flag, not a cost (none is guessed): True when the request was, or may have
+    been, delivered and no refusal came back (a timeout, a connection lost after it was sent, an
+    answer that could not be read, an empty answer); False when the provider refused it (an error
+    status or error object, which providers do not bill; a 504 is its proxy timing out on a backend
+    that may still run it, so it counts as may-be-billed) or it never left (no connection made)."""
+
+    worker: str
+    outcome: str  # timeout | connection_lost | unreadable | not_sent | empty_answer | http_<status>
+    status: int  # the status the failure is classified as (504 for a timeout, as the final error says)
+    may_be_billed: bool
+
+    def trace(self) -> dict[str, Any]:
+        """The ledger trace's form (trace.attempts[])."""
+        return {
+            "worker": self.worker,
+            "outcome": self.outcome,
+            "status": self.status,
+            "may_be_billed": self.may_be_billed,
+        }
+
+    def label(self) -> str:
+        """The header's form: worker:outcome, and :may-be-billed when it may be."""
+        return f"{self.worker}:{self.outcome}" + (":may-be-billed" if self.may_be_billed else "")
+
+
+ATTEMPTS_HEADER = "x-polyroute-attempts"  # the calls given up on the way to the answer (or the error)
+# A request that never left: the connection (or a pooled one, or TLS) could not be had.
+NOT_SENT = (
+    aiohttp.ClientConnectorError,  # refused, unreachable, DNS, TLS handshake
+    aiohttp.ConnectionTimeoutError,
+    httpx.ConnectError,
+    httpx.ConnectTimeout,
+    httpx.PoolTimeout,
+)
+TRANSPORT = (aiohttp.ClientError, httpx.TransportError, ConnectionError)
+
+
+def _causes(exc: BaseException) -> list[BaseException]:
+    """The exception and what it was raised from or during, outermost first (a cycle stops it)."""
+    chain: list[BaseException] = []
+    while exc is not None and all(exc is not seen for seen in chain) and len(chain) < 16:
+        chain.append(exc)
+        exc = exc.__cause__ or exc.__context__
+    return chain
+
+
+def _answered_status(chain: list[BaseException]) -> int | None:
+    """The error status the provider answered, if it answered one: the fast path marks its
+    exceptions (gateway/wire.py `refused`); litellm's keep the httpx error of the response they
+    were made from (not their own status: litellm's exceptions subclass openai's status errors,
+    and a lost connection or an unreadable body is a 500 there too)."""
+    for exc in chain:
+        status = wire.refused_status(exc)
+        if status is not None:
+            return status
+        if isinstance(exc, httpx.HTTPStatusError):
+            return exc.response.status_code
+    return None
+
+
+def attempt_of(worker: Worker, exc: BaseException) -> Attempt:
+    """What a failed call of ``worker`` was, as far as the provider's bill goes (see `Attempt`)."""
+    status = _status_of(exc)
+    if isinstance(exc, EmptyAnswer):
+        return Attempt(worker.name, "empty_answer", status, True)
+    chain = _causes(exc)
+    answered = _answered_status(chain)
+    if answered is not None:
+        return Attempt(worker.name, f"http_{answered}", status, answered == 504)
+    if any(isinstance(e, NOT_SENT) for e in chain):
+        return Attempt(worker.name, "not_sent", status, False)
+    if isinstance(exc, litellm.Timeout) or any(isinstance(e, TimeoutError) for e in chain):
+        return Attempt(worker.name, "timeout", status, True)
+    if any(isinstance(e, TRANSPORT) for e in chain):
+        return Attempt(worker.name, "connection_lost", status, True)
+    return Attempt(worker.name, "unreadable", status, True)  # an answer that could not be read
+
+
+def given_up(failures: Sequence[WorkerError], answer: Any = None) -> list[Attempt]:
+    """The request's given-up calls in order: each failed worker's (its retries included), then
+    those of the worker that answered (a Completion or an OpenStream), before its answer."""
+    attempts = [a for failure in failures for a in failure.attempts]
+    return [*attempts, *getattr(answer, "attempts", ())]
+
+
+def with_attempts(trace: dict | None, attempts: Sequence[Attempt]) -> dict | None:
+    """``trace`` (a ledger trace, or None) with ``attempts`` (`given_up`) under `attempts`, after any
+    already there (a workflow's, answered in fast mode); unchanged when there are none."""
+    if not attempts:
+        return trace
+    trace = dict(trace or {})
+    trace["attempts"] = [*trace.get("attempts", ()), *(a.trace() for a in attempts)]
+    return trace
+
+
+def attempts_header(attempts: Sequence[Attempt]) -> dict[str, str]:
+    """The response header naming the given-up calls ({} when there are none): `worker:outcome`,
+    with `:may-be-billed` for those the provider may bill, comma-separated in order."""
+    return {ATTEMPTS_HEADER: ",".join(a.label() for a in attempts)} if attempts else {}
 
 
 def _status_of(exc: BaseException) -> int:
@@ -166,6 +279,7 @@ class Completion:
     completion_tokens: int
     cost_usd: Decimal
     usage_estimated: bool = False  # the worker reported no (readable) usage: counted here
+    attempts: tuple[Attempt, ...] = ()  # this worker's calls given up before this answer (retried)
 
 
 SYSTEM_ROLES = frozenset({"system", "developer"})
@@ -267,14 +381,39 @@ def _answer_text(body: dict[str, Any]) -> str:
     return "".join(texts)
 
 
-def count_tokens(worker: Worker, messages: list[dict[str, Any]] | None, text: str) -> tuple[int, int]:
-    """The prompt and answer counted here, for a worker that reported no usage: litellm's token
-    counter for the model, else a rough 4 characters a token."""
+def rendered_prompt(worker: Worker, messages: list[dict[str, Any]] | None) -> str | None:
+    """The prompt text a local worker's chat template (`local.chat_template`) makes of ``messages``,
+    as its llama.cpp server renders it (gateway/llama_server.py; the model's own BOS, a special token,
+    left out); None for a worker without one, or messages it cannot render."""
+    template = worker.local.template if worker.local is not None else None
+    if template is None or not messages:
+        return None
     try:
-        prompt = litellm.token_counter(model=worker.model, messages=messages) if messages else 0
+        return template.render(messages)
+    except Exception:  # a conversation the template refuses: llama.cpp would refuse it too
+        log.debug("cannot render the chat template of %s for counting", worker.name, exc_info=True)
+        return None
+
+
+def count_tokens(worker: Worker, messages: list[dict[str, Any]] | None, text: str) -> tuple[int, int]:
+    """The prompt and answer counted here, for a worker that reported no usage (llama.cpp's server
+    streams none): litellm's token counter for the model, else a rough 4 characters a token.
+
+    The prompt counted is what the worker was sent: for a local worker with a chat template, the
+    rendered template (base-qa's few-shot examples are most of it: "Hi" counts 63 here, llama.cpp
+    counts 70 with Gemma's tokenizer; the bare message counted 8)."""
+    rendered = rendered_prompt(worker, messages)
+    try:
+        if rendered is not None:
+            prompt = litellm.token_counter(model=worker.model, text=rendered)
+        else:
+            prompt = litellm.token_counter(model=worker.model, messages=messages) if messages else 0
         completion = litellm.token_counter(model=worker.model, text=text) if text else 0
     except Exception:  # no tokenizer for this model
-        prompt = sum(len(str(m.get("content") or "")) for m in messages or ()) // 4
+        if rendered is not None:
+            prompt = len(rendered) // 4
+        else:
+            prompt = sum(len(str(m.get("content") or "")) for m in messages or ()) // 4
         completion = max(1, len(text) // 4) if text else 0
     return prompt, completion
 
@@ -449,6 +588,7 @@ class OpenStream:
     _usage_seen: bool = False
     _estimated: bool = False  # the usage was counted here, not reported by the provider
     _recorded: bool = False  # the token and cost metrics have counted this stream
+    attempts: tuple[Attempt, ...] = ()  # this worker's calls given up before this stream opened
 
     async def __aiter__(self) -> AsyncIterator[dict[str, Any]]:
         pending = [*self.prelude, self.first]
@@ -651,8 +791,12 @@ class WorkerClient:
             reraise=True,
         )
 
-    async def _with_retries(self, worker: Worker, attempt_fn):
-        """Run one call with retries on transient failures; the final failure becomes a WorkerError."""
+    async def _with_retries(self, worker: Worker, attempt_fn, given_up: list[Attempt] | None = None):
+        """Run one call with retries on transient failures; the final failure becomes a WorkerError.
+
+        Each failed call is added to ``given_up`` (when given) and the WorkerError carries them all
+        (`WorkerError.attempts`), so the ledger can say which calls the provider may bill."""
+        given_up = [] if given_up is None else given_up
         try:
             async for attempt in self._retrying(worker):
                 with attempt:
@@ -661,6 +805,7 @@ class WorkerClient:
                     except Exception as exc:
                         self.metrics.worker_attempts.labels(worker.name, "error").inc()
                         tracing.attempt_failed(exc)
+                        given_up.append(attempt_of(worker, exc))
                         raise
                     except asyncio.CancelledError:
                         # the call was sent and then cut: a workflow step's timeout, the request's
@@ -669,6 +814,7 @@ class WorkerClient:
                         raise
         except Exception as exc:
             err = to_worker_error(worker, exc)
+            err.attempts = tuple(given_up)
             log.warning("worker %s failed: %s", worker.name, err.message)
             if err.prompt_tokens or err.completion_tokens:  # the provider billed it all the same
                 self.metrics.record_usage(worker.name, err.prompt_tokens, err.completion_tokens, err.cost_usd)
@@ -706,7 +852,8 @@ class WorkerClient:
                 headers = tracing.inject(headers)  # the worker call's traceparent (when tracing is on)
                 return await wire.complete(self.pool, route, url, headers, payload, worker.timeout_s)
 
-        raw = await self._with_retries(worker, attempt)
+        given_up: list[Attempt] = []
+        raw = await self._with_retries(worker, attempt, given_up)
         tracing.responded(raw)
         body = clean_completion(worker, raw)
         counts = _usage_counts(body.get("usage"))
@@ -721,7 +868,15 @@ class WorkerClient:
         prompt_tokens, completion_tokens = counts
         cost = litellm_cost(worker, prompt_tokens, completion_tokens)
         self.metrics.record_usage(worker.name, prompt_tokens, completion_tokens, cost)
-        return Completion(worker, body, prompt_tokens, completion_tokens, cost, usage_estimated=estimated)
+        return Completion(
+            worker,
+            body,
+            prompt_tokens,
+            completion_tokens,
+            cost,
+            usage_estimated=estimated,
+            attempts=tuple(given_up),
+        )
 
     async def open_stream(
         self, worker: Worker, api_base: str | None, chat: ChatCompletionRequest
@@ -764,8 +919,18 @@ class WorkerClient:
             prelude, first = await _past_prelude(worker, first, rest, messages)
             return prelude, first, rest
 
-        prelude, first, rest = await self._with_retries(worker, opened)
+        given_up: list[Attempt] = []
+        prelude, first, rest = await self._with_retries(worker, opened, given_up)
         tracing.responded(first)
         # the header's prompt-side estimate, as every prediction counts a prompt (policies/cost.py)
         prompt_cost = litellm_cost(worker, estimate_tokens(chat.prompt_chars(), None)[0], 0)
-        return OpenStream(worker, first, rest, self.metrics, prompt_cost, messages=messages, prelude=prelude)
+        return OpenStream(
+            worker,
+            first,
+            rest,
+            self.metrics,
+            prompt_cost,
+            messages=messages,
+            prelude=prelude,
+            attempts=tuple(given_up),
+        )

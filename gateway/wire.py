@@ -110,7 +110,8 @@ class WireRoute:
     # ---- errors, classified by litellm's exception mapping -------------------------------------
     def status_error(self, status: int, content: bytes, headers: Mapping[str, str]) -> Exception:
         message = _error_message(content) or f"HTTP {status}"
-        return self._mapped(self.config.get_error_class(message, status, httpx.Headers(dict(headers))))
+        mapped = self._mapped(self.config.get_error_class(message, status, httpx.Headers(dict(headers))))
+        return refused(mapped, status)
 
     def _mapped(self, exc: Exception) -> Exception:
         try:
@@ -130,12 +131,35 @@ class WireRoute:
             message=f"{type(exc).__name__}: {exc}".rstrip(": "), llm_provider=self.provider, model=self.model
         )
 
-    def body_error(self, error: Any) -> Exception:
-        """An `{"error": ...}` object in a 200 body or an SSE event."""
+    def body_error(self, error: Any, from_provider: bool = True) -> Exception:
+        """An `{"error": ...}` object in a 200 body or an SSE event (``from_provider``: the provider's
+        own, which says it refused or failed the call; False: a made-up one for a body that cannot be
+        read, which says nothing of the kind)."""
         message = error.get("message") if isinstance(error, dict) else str(error)
         code = error.get("code") if isinstance(error, dict) else None
         status = code if isinstance(code, int) and 400 <= code < 600 else 500
-        return self._mapped(self.config.get_error_class(str(message or error), status, httpx.Headers()))
+        mapped = self._mapped(self.config.get_error_class(str(message or error), status, httpx.Headers()))
+        return refused(mapped, status) if from_provider else mapped
+
+
+REFUSED_ATTR = "polyroute_refused_status"
+
+
+def refused(exc: Exception, status: int) -> Exception:
+    """Mark ``exc`` as the provider's own refusal (an error status, an error object): the call
+    reached it and it said it would not, or could not, answer, so it is no call it bills — unlike
+    a timeout or a lost connection (gateway/upstream.py `attempt_of`)."""
+    try:
+        setattr(exc, REFUSED_ATTR, status)
+    except AttributeError:  # an exception type with __slots__: left unmarked (read as unanswered)
+        pass
+    return exc
+
+
+def refused_status(exc: BaseException) -> int | None:
+    """The status of a refusal `refused` marked, or None."""
+    status = getattr(exc, REFUSED_ATTR, None)
+    return status if isinstance(status, int) else None
 
 
 def _error_message(content: bytes) -> str:
@@ -247,13 +271,13 @@ async def complete(
     try:
         raw = orjson.loads(content)
     except orjson.JSONDecodeError as exc:
-        raise route.body_error({"message": f"invalid JSON from upstream: {exc}"}) from exc
+        raise route.body_error({"message": f"invalid JSON from upstream: {exc}"}, False) from exc
     if not isinstance(raw, dict):
-        raise route.body_error({"message": "upstream answered with a non-object JSON body"})
+        raise route.body_error({"message": "upstream answered with a non-object JSON body"}, False)
     if raw.get("error"):
         raise route.body_error(raw["error"])
     if (problem := shape_problem(raw, "message")) is not None:
-        raise route.body_error({"message": f"malformed completion from upstream: {problem}"})
+        raise route.body_error({"message": f"malformed completion from upstream: {problem}"}, False)
     return raw
 
 
@@ -326,7 +350,9 @@ def _json_for_stream(route: WireRoute, content: bytes) -> Exception | None:
         return None
     if isinstance(raw, dict) and raw.get("error"):
         return route.body_error(raw["error"])
-    return route.body_error({"message": "upstream answered a stream request with a JSON body, not events"})
+    return route.body_error(
+        {"message": "upstream answered a stream request with a JSON body, not events"}, False
+    )
 
 
 async def _pieces(response: aiohttp.ClientResponse, head: bytes) -> AsyncIterator[bytes]:
@@ -407,13 +433,13 @@ def _decode_event(route: WireRoute, payload: bytes, event: bytes) -> dict[str, A
     try:
         chunk = orjson.loads(payload)
     except orjson.JSONDecodeError as exc:
-        raise route.body_error({"message": f"invalid JSON in the stream: {exc}"}) from exc
+        raise route.body_error({"message": f"invalid JSON in the stream: {exc}"}, False) from exc
     if not isinstance(chunk, dict):
         return None
     if event == b"error" or chunk.get("error"):
         raise route.body_error(chunk.get("error") or chunk)
     if (problem := shape_problem(chunk, "delta")) is not None:
-        raise route.body_error({"message": f"malformed chunk in the stream: {problem}"})
+        raise route.body_error({"message": f"malformed chunk in the stream: {problem}"}, False)
     return chunk
 
 

@@ -1344,8 +1344,12 @@ def _router_eval_cascade(
         raise typer.Exit(1) from None
     console.print(f"acceptance model AUC {report['acceptance_auc']:.3f}; wrote {out} and {plot}")
     if save:
-        saved = fit_and_save_acceptance(source, router_root / "acceptance.joblib", seed)
-        console.print(f"saved the acceptance model to {saved} (the gateway's cascade verifier 'model')")
+        saved = fit_and_save_acceptance(source, router_root, seed)
+        where = "router version " + saved.parent.name if saved.parent != router_root else "the router dir"
+        console.print(
+            f"saved the acceptance model to {saved}, in {where} (the gateway's cascade verifier "
+            "'model'; a rollback of that version rolls it back)"
+        )
 
 
 def _pool_eval_model(

@@ -1,11 +1,16 @@
 """Router model files: versioned artifacts with a model card, and a pointer to the one in force.
 
 Layout under the router dir (default `<data dir>/router/`):
-    <version>/model.joblib   the fitted quality model + what is needed to use it
-    <version>/card.json      data, metrics, features, workers, date — readable without loading
-    current.json             {"version": ..., "previous": ...}; the gateway watches this file
+    <version>/model.joblib       the fitted quality model + what is needed to use it
+    <version>/card.json          data, metrics, features, workers, date — readable without loading
+    <version>/acceptance.joblib  the cascade's acceptance model (router/compose/acceptance.py), if any
+    current.json                 {"version": ..., "previous": ...}; the gateway watches this file
+    acceptance.joblib            the acceptance model while no version is in force (and, for one
+                                 release, for a version without one: where it lived before versions
+                                 carried it)
 Switching versions is a rewrite of current.json (atomic rename), so a gateway never reads a
-half-written model; the previous version stays on disk for `polyroute router rollback`.
+half-written model, and the acceptance model switches with the version it belongs to; the previous
+version stays on disk for `polyroute router rollback`, which rolls both back.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import joblib
 
 FORMAT = 1
 CURRENT = "current.json"
+ACCEPTANCE = "acceptance.joblib"
 
 
 class RouterLoadError(RuntimeError):
@@ -86,12 +92,19 @@ def read_pointer(root: Path) -> dict:
         raise RouterLoadError(f"{Path(root) / CURRENT}: unreadable ({exc})") from exc
 
 
-def save_artifact(root: Path, artifact: RouterArtifact, activate: bool = True) -> Path:
+def save_artifact(
+    root: Path, artifact: RouterArtifact, activate: bool = True, acceptance: Any = None
+) -> Path:
     """Write model and card into a new version directory; optionally make it current.
 
     Both files are written into a hidden staging directory renamed into place, so a failed write (a
     full disk, a crash) leaves no half version that `router activate` could point at: the error is
-    raised as an OSError naming the router dir, and the version in force is untouched."""
+    raised as an OSError naming the router dir, and the version in force is untouched.
+
+    The cascade's acceptance model goes into the version too: ``acceptance`` when given, else the
+    version in force's (or the router dir's own, see `acceptance_path`), copied: a new quality model
+    does not drop the verifier trained apart from it (`router eval --save-acceptance`), and a
+    rollback past this version finds the one it replaced where it was."""
     root = Path(root)
     if not artifact.version:
         artifact.version = new_version(json.dumps(artifact.card, sort_keys=True, default=str).encode())
@@ -112,6 +125,10 @@ def save_artifact(root: Path, artifact: RouterArtifact, activate: bool = True) -
         staging.mkdir()
         joblib.dump(artifact, staging / "model.joblib", compress=3)
         _write_json(staging / "card.json", card)
+        if acceptance is not None:
+            joblib.dump(acceptance, staging / ACCEPTANCE)
+        elif (carried := _acceptance_in_force(root)) is not None:
+            shutil.copy2(carried, staging / ACCEPTANCE)
         staging.rename(directory)
     except OSError as exc:
         shutil.rmtree(staging, ignore_errors=True)
@@ -206,6 +223,72 @@ def load_version(root: Path, version: str) -> RouterArtifact:
         raise RouterLoadError(f"{path}: model has no predict() or no workers")
     artifact.version = version
     return artifact
+
+
+def _acceptance_in_force(root: Path) -> Path | None:
+    """The acceptance model file a gateway's cascade reads now (before a new version is saved)."""
+    try:
+        version = read_pointer(root).get("version")
+    except RouterLoadError:  # a damaged pointer names no version: nothing to carry over but the dir's own
+        version = None
+    found = acceptance_path(root, version if isinstance(version, str) else None)
+    return found.path if found is not None else None
+
+
+@dataclass(frozen=True)
+class AcceptanceFile:
+    """Where the cascade's acceptance model of a router version is read from."""
+
+    path: Path
+    version: str | None  # the version whose file it is; None: the router dir's own file
+    legacy: bool  # the router dir's file read for a version that has none of its own (one release)
+
+
+def acceptance_path(root: Path, version: str | None) -> AcceptanceFile | None:
+    """The acceptance model of ``version`` (None, or "rules": no learned router in force): its own
+    `<version>/acceptance.joblib`; else the router dir's `acceptance.joblib`, the place before
+    versions carried one and the place while none is in force; None when neither exists."""
+    root = Path(root)
+    if version is not None and is_version_name(version) and version != "rules":
+        own = root / version / ACCEPTANCE
+        if own.is_file():
+            return AcceptanceFile(own, version, False)
+    shared = root / ACCEPTANCE
+    if shared.is_file():
+        in_force = version is not None and version != "rules"
+        return AcceptanceFile(shared, None, in_force)
+    return None
+
+
+def save_acceptance(root: Path, model: Any, version: str | None = None) -> Path:
+    """Store the cascade's acceptance model in router ``version`` (default: the version in force, as
+    current.json names it), replacing the one it had whole (written aside, renamed over), so a
+    gateway reads the old model or the new one, never half of one. The version's quality model and
+    card are untouched. With no version in force (no router ever trained), the router dir's own
+    file, which the rule-based router's cascade reads and the next version saved takes along.
+    Returns the file written; RouterLoadError for a version that is not there."""
+    root = Path(root)
+    if version is None:
+        named = read_pointer(root).get("version")
+        version = named if isinstance(named, str) else None
+    if version is None:
+        path = root / ACCEPTANCE
+    elif not is_version_name(version) or not (root / version / "model.joblib").is_file():
+        raise RouterLoadError(f"no router model version {version!r} under {root}")
+    else:
+        path = root / version / ACCEPTANCE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    tmp = Path(name)
+    try:
+        joblib.dump(model, tmp)
+        os.chmod(tmp, 0o644)  # every replica's user reads it
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return path
 
 
 def load_current(root: Path) -> RouterArtifact | None:

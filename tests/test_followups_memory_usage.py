@@ -98,3 +98,23 @@ def test_a_streamed_memory_answer_without_usage_is_marked_estimated(mgw, scripte
     assert last["polyroute"]["usage"] == "estimated"
     record = ledger_record(mgw, request_id)
     assert record["status"] == 200 and record["trace"]["usage"] == "estimated"
+
+
+def test_memory_rounds_keep_every_rounds_calls_given_up():
+    """A memory answer is one Completion made of its rounds (`_merge`): the calls a round's worker gave
+    up before answering (a timeout that may be billed) stay on it, so the ledger's trace names them."""
+    from decimal import Decimal
+
+    from gateway.memory import _merge
+    from gateway.upstream import Attempt, Completion
+    from policies import parse_catalog
+    from tests.conftest import catalog_yaml_for
+
+    worker = parse_catalog(catalog_yaml_for("http://127.0.0.1:9/v1")).get("cheap")
+    timed_out = Attempt("cheap", "timeout", None, True)
+    refused = Attempt("cheap", "http_503", 503, False)
+    rounds = [
+        Completion(worker, {"choices": []}, 10, 2, Decimal("0.1"), attempts=(timed_out,)),
+        Completion(worker, {"choices": []}, 12, 3, Decimal("0.2"), attempts=(refused,)),
+    ]
+    assert _merge(rounds).attempts == (timed_out, refused)

@@ -214,13 +214,20 @@ def planner_escalation(
     return scores, chosen
 
 
-def fit_and_save_acceptance(path: str | Path, out: str | Path, seed: int = 0) -> Path:
-    """Train on every row and save for the gateway's cascade (`<router dir>/acceptance.joblib`)."""
-    import joblib
+def fit_and_save_acceptance(
+    path: str | Path, router_dir: str | Path, seed: int = 0, version: str | None = None
+) -> Path:
+    """Train on every row and save for the gateway's cascade: into router ``version`` under
+    ``router_dir`` (default: the version in force), so it is rolled back and replaced with the
+    version (router/artifacts.py `save_acceptance`); returns the file written.
+
+    ``router_dir`` may also be given as `<router dir>/acceptance.joblib`, the file this wrote before
+    versions carried it."""
+    from router.artifacts import ACCEPTANCE, save_acceptance
 
     data = load_gsm8k_answers(path)
     model = AcceptanceModel(seed=seed).fit(data["prompts"], data["weak_answers"], data["y_weak"])
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    joblib.dump(model, out)
-    return out
+    root = Path(router_dir)
+    if root.name == ACCEPTANCE:
+        root = root.parent
+    return save_acceptance(root, model, version)
