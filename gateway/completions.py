@@ -271,10 +271,8 @@ def _denied(admission: Admission, subject: str) -> APIError:
     A pool the tenant's budget alone emptied is the 403 `budget_exceeded` the reservation gives
     when it catches the same condition a moment later (a client need not know which caught it)."""
     listed = "; ".join(f"{e.worker}: {e.reason} [{e.rule}]" for e in admission.excluded)
-    if admission.denied_by_policy and all(
-        e.rule.startswith(BUDGET_RULE_PREFIX) for e in admission.denied_by_policy
-    ):
-        rules = sorted({e.rule for e in admission.denied_by_policy})
+    rules = sorted({e.rule for e in admission.denied_by_policy})
+    if rules and all(rule.startswith(BUDGET_RULE_PREFIX) for rule in rules):
         return APIError(
             403,
             f"No worker was called: the tenant's budget admits no worker for {subject} "
@@ -282,8 +280,7 @@ def _denied(admission: Admission, subject: str) -> APIError:
             type="insufficient_quota",
             code="budget_exceeded",
         )
-    if admission.denied_by_policy:
-        rules = sorted({e.rule for e in admission.denied_by_policy})
+    if rules:
         return APIError(
             403,
             f"Policy {admission.policy_version} admits no worker for {subject} "
@@ -548,13 +545,12 @@ class Exchange:
     wire: Wire = OPENAI  # the client's API: how the answer is written
     trace: tracing.RequestTrace = field(default_factory=tracing.current)  # its span (tracing.OFF: none)
     # asked before each attempt: None, or why the policy in force no longer admits a worker (a reload
-    # since admission: gateway/compose.py's check, the one a workflow asks before each step)
+    # since admission: gateway/readmit.py), the one check its workflow's steps ask too
     admissible: Admissible | None = None
     # workers the policy in force left out after the request was admitted, and why: never tried
     excluded: dict[str, str] = field(default_factory=dict)
     request: Request | None = None  # the client's, watched for a hang-up while workers are called
     gone: bool = False  # the client hung up: no further attempt starts, and the ledger says 499
-    finished: bool = False  # its books are written (`finish`)
 
     async def admits(self, worker) -> bool:
         """Whether the policy in force still admits ``worker`` for this request (see `admissible`),
@@ -562,12 +558,7 @@ class Exchange:
         may be reloaded, and a worker the operator excluded since is not called (a policy decision is
         never undone downstream, the newer one included; the check fails closed). One it no longer
         admits is kept in `excluded`, with why, as a workflow's `Run.admits` keeps it."""
-        known = worker.name in self.excluded
-        if await still_admitted(self.admissible, self.excluded, worker):
-            return True
-        if not known:  # said once, when the reload is first seen to leave it out
-            log.info("request %s: %s not tried: %s", self.request_id, worker.name, self.excluded[worker.name])
-        return False
+        return await still_admitted(self.admissible, self.excluded, worker)
 
     @property
     def held_micros(self) -> int:
@@ -653,7 +644,6 @@ class Exchange:
         """Settle the budget holds with the actual cost, correct the token limits, write the ledger.
 
         The ledger record counts every call of the request, given-up attempts' included."""
-        self.finished = True
         now = Usage(prompt_tokens, completion_tokens, cost)
         now.add(self.unsettled.prompt_tokens, self.unsettled.completion_tokens, self.unsettled.cost_usd)
         self.unsettled = Usage()
@@ -883,8 +873,6 @@ async def serve(request: Request, wire: Wire) -> Response:
         if composition.workflow is not None:
             composed = await compose.respond(state, request, exchange, composition)
             if composed is not None:
-                if not exchange.finished:  # refused before its first step (compose.respond's `refused`)
-                    await _unbooked(state, exchange)
                 return await wire.composed(composed)
             # the workflow auto chose produced no answer: fast mode over the workers it did not try
         if chat.stream:
@@ -893,13 +881,6 @@ async def serve(request: Request, wire: Wire) -> Response:
     except StoreReplyError as exc:  # a reservation Redis rejected: this request stops here
         await exchange.finish(state, None, 500, [])
         return refused(state, store_reply_error(exc), exchange.headers, wire, started=started, stream=stream)
-
-
-async def _unbooked(state: AppState, ex: Exchange) -> None:
-    """A request refused after its Exchange was made but before any worker call, without books (a
-    workflow that cannot start: compose.respond answers with `refused`, which observes its latency):
-    its tokens go back to the rate limits, as for any refusal."""
-    await ratelimits.give_back(state.stores.limiter, ex.tenant, ex.limits)
 
 
 async def _from_cache(
@@ -1157,17 +1138,13 @@ def _answer_trace(ex: Exchange, result: Completion, failures: list[WorkerError])
 
 
 async def _watch_client(ex: Exchange) -> None:
-    """Mark the request `gone` when its client hangs up while workers are called. The body has been
-    read, so the server's next message is http.disconnect, sent when the connection closes."""
+    """Mark the request `gone` when its client hangs up while workers are called."""
     assert ex.request is not None
-    try:
-        while (await ex.request.receive())["type"] != "http.disconnect":
-            pass
-    except Exception:  # the connection cannot be watched: the request runs to its end, as before
-        log.debug("cannot watch the client's connection", exc_info=True)
-        return
-    ex.gone = True
-    log.info("request %s: the client hung up before its answer; no further worker is tried", ex.request_id)
+    if await compose.hung_up(ex.request):
+        ex.gone = True
+        log.info(
+            "request %s: the client hung up before its answer; no further worker is tried", ex.request_id
+        )
 
 
 async def _client_gone(

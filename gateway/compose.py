@@ -35,9 +35,8 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
-from gateway import memory, tracing
+from gateway import memory, ratelimits, tracing
 from gateway.errors import APIError, error_response
-from gateway.readmit import still_admits
 from gateway.schemas import ChatCompletionRequest
 from gateway.upstream import Attempt, WorkerError, attempts_header, with_attempts
 from policies import Worker, predicted_cost
@@ -609,6 +608,7 @@ async def respond(state, request: Request, ex, composition: Composition) -> Resp
         ceiling = _ceiling(state, chat, ex.admission)
         workflow = workflow_for(state, composition, chat, ex.router_version)
     except APIError as err:  # refused before any step: counted, logged and traced as every refusal
+        await ratelimits.give_back(state.stores.limiter, ex.tenant, ex.limits)  # it used no tokens
         return refused(state, err, ex.headers, ex.wire, started=ex.started, stream=ex.chat.stream)
     strategy = f"{PREFIX}{composition.workflow}"
     headers = {**ex.headers, "x-polyroute-strategy": strategy, "x-polyroute-route-reason": composition.reason}
@@ -641,7 +641,7 @@ async def respond(state, request: Request, ex, composition: Composition) -> Resp
         answer_params={k: v for k in ANSWER_FORMAT if (v := getattr(chat, k)) is not None},
         step_timeout_s=state.settings.compose_step_timeout_s,
         seed=zlib.crc32(ex.request_id.encode()),
-        admissible=still_admits(state, request, ex),
+        admissible=ex.admissible,  # the request's one check (gateway/readmit.py), fast mode's too
     )
     books = _Books(state)  # from here until the books are written, the shutdown waits for them
     try:
@@ -873,16 +873,24 @@ async def _ended_by(
     )
 
 
-async def _stop_when_gone(request: Request, run: Run) -> None:
-    """Stop ``run`` (no further step starts) when the client hangs up. The body has been read, so
-    the server's next message is http.disconnect, sent when the connection closes."""
+async def hung_up(request: Request) -> bool:
+    """Wait for the client to hang up: True then, False if its connection cannot be watched (the
+    request then runs to its end, as before). The body has been read, so the server's next message
+    is http.disconnect, sent when the connection closes. Watched while a workflow runs (below) and
+    while fast mode calls workers (gateway/completions.py), where nothing is sent yet."""
     try:
         while (await request.receive())["type"] != "http.disconnect":
             pass
-    except Exception:  # the connection cannot be watched: the workflow runs to its end, as before
+    except Exception:
         log.debug("cannot watch the client's connection", exc_info=True)
-        return
-    run.stop(CLIENT_GONE)
+        return False
+    return True
+
+
+async def _stop_when_gone(request: Request, run: Run) -> None:
+    """Stop ``run`` (no further step starts) when the client hangs up."""
+    if await hung_up(request):
+        run.stop(CLIENT_GONE)
 
 
 async def _client_gone(

@@ -367,17 +367,23 @@ def _usage_counts(usage: Any) -> tuple[int, int] | None:
     return prompt, completion
 
 
+def _add_text(part: dict[str, Any], texts: list[str]) -> None:
+    """Add what a message (or a stream's delta) says to ``texts``, as its answer's tokens are counted
+    here: content, and tool calls' names and arguments."""
+    content = part.get("content")
+    if content and isinstance(content, str):
+        texts.append(content)
+    for call in part.get("tool_calls") or ():
+        function = call.get("function") if isinstance(call, dict) else None
+        if isinstance(function, dict):
+            texts.append(str(function.get("name") or "") + str(function.get("arguments") or ""))
+
+
 def _answer_text(body: dict[str, Any]) -> str:
-    """A completion's text as a stream's is counted: content, and tool calls' names and arguments."""
+    """A completion's text as a stream's is counted (`_add_text`)."""
     texts: list[str] = []
     for choice in body.get("choices") or ():
-        message = choice.get("message") or {}
-        if isinstance(message.get("content"), str):
-            texts.append(message["content"])
-        for call in message.get("tool_calls") or ():
-            function = call.get("function") if isinstance(call, dict) else None
-            if isinstance(function, dict):
-                texts.append(str(function.get("name") or "") + str(function.get("arguments") or ""))
+        _add_text(choice.get("message") or {}, texts)
     return "".join(texts)
 
 
@@ -410,10 +416,9 @@ def count_tokens(worker: Worker, messages: list[dict[str, Any]] | None, text: st
             prompt = litellm.token_counter(model=worker.model, messages=messages) if messages else 0
         completion = litellm.token_counter(model=worker.model, text=text) if text else 0
     except Exception:  # no tokenizer for this model
-        if rendered is not None:
-            prompt = len(rendered) // 4
-        else:
-            prompt = sum(len(str(m.get("content") or "")) for m in messages or ()) // 4
+        if rendered is None:
+            rendered = "".join(str(m.get("content") or "") for m in messages or ())
+        prompt = len(rendered) // 4
         completion = max(1, len(text) // 4) if text else 0
     return prompt, completion
 
@@ -585,7 +590,6 @@ class OpenStream:
     finish_reasons: list[str] = field(default_factory=list)
     _texts: list[str] = field(default_factory=list)
     _usage: dict[str, Any] | None = None  # the provider's latest usage (a running count is replaced)
-    _usage_seen: bool = False
     _estimated: bool = False  # the usage was counted here, not reported by the provider
     _recorded: bool = False  # the token and cost metrics have counted this stream
     attempts: tuple[Attempt, ...] = ()  # this worker's calls given up before this stream opened
@@ -601,22 +605,17 @@ class OpenStream:
                 for choice in chunk["choices"]:
                     if choice["finish_reason"]:
                         self.finish_reasons.append(choice["finish_reason"])
-                    delta = choice["delta"]
-                    if delta.get("content"):
-                        self._texts.append(delta["content"])
-                    for call in delta.get("tool_calls") or ():
-                        function = call.get("function") or {}
-                        self._texts.append((function.get("name") or "") + (function.get("arguments") or ""))
+                    _add_text(choice["delta"], self._texts)
                 usage = chunk.pop("usage", None)
                 if usage is not None and (counts := _usage_counts(usage)) is not None:
-                    self._usage, self._usage_seen = usage, True
+                    self._usage = usage
                     self.prompt_tokens, self.completion_tokens = counts
                     self._settle()
                 if chunk["choices"] or usage is None:  # a usage-only chunk waits for the end
                     yield chunk
         except StopAsyncIteration:
             # The provider sent no usage: litellm's token counter stands in, as it does on its path.
-            usage = self._usage if self._usage_seen else self._count_usage()
+            usage = self._usage if self._usage is not None else self._count_usage()
             self._record()
             if usage is not None:
                 yield {**last, "choices": [], "usage": usage}
@@ -644,7 +643,7 @@ class OpenStream:
     @property
     def usage_estimated(self) -> bool:
         """True when the token counts were counted here because the provider reported none."""
-        return self._estimated and not self._usage_seen
+        return self._estimated and self._usage is None
 
     @property
     def text(self) -> str:
@@ -657,10 +656,10 @@ class OpenStream:
         Returns True when the count is an estimate: the provider's usage never arrived, so the prompt
         and the text streamed so far are counted here (litellm's token counter, or 4 characters a token).
         """
-        if not self._usage_seen and not self._estimated:
+        if self._usage is None and not self._estimated:
             self._count_usage()
         self._record()
-        return not self._usage_seen
+        return self._usage is None
 
     def _count_usage(self) -> dict[str, int] | None:
         text = "".join(self._texts)
@@ -791,12 +790,12 @@ class WorkerClient:
             reraise=True,
         )
 
-    async def _with_retries(self, worker: Worker, attempt_fn, given_up: list[Attempt] | None = None):
+    async def _with_retries(self, worker: Worker, attempt_fn, failed: list[Attempt] | None = None):
         """Run one call with retries on transient failures; the final failure becomes a WorkerError.
 
-        Each failed call is added to ``given_up`` (when given) and the WorkerError carries them all
+        Each failed call is added to ``failed`` (when given) and the WorkerError carries them all
         (`WorkerError.attempts`), so the ledger can say which calls the provider may bill."""
-        given_up = [] if given_up is None else given_up
+        failed = [] if failed is None else failed
         try:
             async for attempt in self._retrying(worker):
                 with attempt:
@@ -805,7 +804,7 @@ class WorkerClient:
                     except Exception as exc:
                         self.metrics.worker_attempts.labels(worker.name, "error").inc()
                         tracing.attempt_failed(exc)
-                        given_up.append(attempt_of(worker, exc))
+                        failed.append(attempt_of(worker, exc))
                         raise
                     except asyncio.CancelledError:
                         # the call was sent and then cut: a workflow step's timeout, the request's
@@ -814,7 +813,7 @@ class WorkerClient:
                         raise
         except Exception as exc:
             err = to_worker_error(worker, exc)
-            err.attempts = tuple(given_up)
+            err.attempts = tuple(failed)
             log.warning("worker %s failed: %s", worker.name, err.message)
             if err.prompt_tokens or err.completion_tokens:  # the provider billed it all the same
                 self.metrics.record_usage(worker.name, err.prompt_tokens, err.completion_tokens, err.cost_usd)
@@ -852,8 +851,8 @@ class WorkerClient:
                 headers = tracing.inject(headers)  # the worker call's traceparent (when tracing is on)
                 return await wire.complete(self.pool, route, url, headers, payload, worker.timeout_s)
 
-        given_up: list[Attempt] = []
-        raw = await self._with_retries(worker, attempt, given_up)
+        failed: list[Attempt] = []
+        raw = await self._with_retries(worker, attempt, failed)
         tracing.responded(raw)
         body = clean_completion(worker, raw)
         counts = _usage_counts(body.get("usage"))
@@ -875,7 +874,7 @@ class WorkerClient:
             completion_tokens,
             cost,
             usage_estimated=estimated,
-            attempts=tuple(given_up),
+            attempts=tuple(failed),
         )
 
     async def open_stream(
@@ -919,8 +918,8 @@ class WorkerClient:
             prelude, first = await _past_prelude(worker, first, rest, messages)
             return prelude, first, rest
 
-        given_up: list[Attempt] = []
-        prelude, first, rest = await self._with_retries(worker, opened, given_up)
+        failed: list[Attempt] = []
+        prelude, first, rest = await self._with_retries(worker, opened, failed)
         tracing.responded(first)
         # the header's prompt-side estimate, as every prediction counts a prompt (policies/cost.py)
         prompt_cost = litellm_cost(worker, estimate_tokens(chat.prompt_chars(), None)[0], 0)
@@ -932,5 +931,5 @@ class WorkerClient:
             prompt_cost,
             messages=messages,
             prelude=prelude,
-            attempts=tuple(given_up),
+            attempts=tuple(failed),
         )

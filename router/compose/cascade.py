@@ -33,14 +33,13 @@ def chain(
     (pool[0]) last; `depth` workers at most. Workers predicted to cost more than the strongest are
     left out: none of them may answer before it."""
     strongest = pool[0]
+    ordered = _cheapest_first(pool, cost)
     if cost is None:
-        ordered = by_price(pool)
         cheaper = [w for w in ordered if w is not strongest]
         cheaper = cheaper[: ordered.index(strongest)]
     else:
         ceiling = cost(strongest)
-        by_cost = sorted(pool, key=lambda w: (cost(w), w.output_price_per_m, w.input_price_per_m, w.name))
-        cheaper = [w for w in by_cost if w is not strongest and cost(w) <= ceiling]
+        cheaper = [w for w in ordered if w is not strongest and cost(w) <= ceiling]
     return [*cheaper[: max(0, depth - 1)], strongest]
 
 
@@ -50,11 +49,14 @@ def fallbacks(
     """The workers that answer, cheapest first by `cost` (list price without one), when a one-level
     chain's strongest worker (pool[0], also the cheapest) fails: the pool's others, `depth - 1` at
     most, so a cascade still has at most `depth` workers answer."""
+    return [w for w in _cheapest_first(pool, cost) if w is not pool[0]][: max(0, depth - 1)]
+
+
+def _cheapest_first(pool: tuple[Worker, ...], cost: Callable[[Worker], Decimal] | None) -> list[Worker]:
+    """The pool cheapest first by `cost` (list price breaking ties), or by list price without one."""
     if cost is None:
-        ordered = by_price(pool)
-    else:
-        ordered = sorted(pool, key=lambda w: (cost(w), w.output_price_per_m, w.input_price_per_m, w.name))
-    return [w for w in ordered if w is not pool[0]][: max(0, depth - 1)]
+        return by_price(pool)
+    return sorted(pool, key=lambda w: (cost(w), w.output_price_per_m, w.input_price_per_m, w.name))
 
 
 class Cascade:
