@@ -201,12 +201,6 @@ class ResponsesRequest(BaseModel):
         return self
 
 
-def validate_request(data: dict[str, Any]) -> ResponsesRequest:
-    """The request, validated; a 400 that names what is wrong where the client wrote it (`input` is
-    a string or a list of items, whose errors gateway/body.py's `validate` reads through the union)."""
-    return validate(ResponsesRequest, data)
-
-
 def input_items(body: ResponsesRequest) -> list[dict[str, Any]]:
     """This request's input as items (a string is one user message)."""
     if body.input is None:
@@ -342,7 +336,7 @@ class ResponsesWire(TranslatingWire):
     async def read(self, request: Request, state: AppState) -> ChatCompletionRequest:
         self.state = state
         data = await read_json_object(request, state.settings.max_body_bytes)
-        body = await heavy_if(is_large(request), validate_request, data)
+        body = await heavy_if(is_large(request), validate, ResponsesRequest, data)
         self.body = body
         context: list[dict[str, Any]] = []
         if body.previous_response_id:

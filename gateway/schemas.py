@@ -86,9 +86,13 @@ class ToolCall(BaseModel):
 NO_OUTPUT = "(no output)"
 
 
-def _blank_parts(parts: list[ContentPart]) -> bool:
-    """True when every part is text with nothing but whitespace in it."""
-    return all(p.type == "text" and not str(getattr(p, "text", "") or "").strip() for p in parts)
+def _no_output(content: str | list[ContentPart] | None) -> bool:
+    """True when a tool message gives the worker nothing to read: no content, or only blank text."""
+    if content is None:
+        return True
+    if isinstance(content, str):
+        return not content.strip()
+    return all(p.type == "text" and not str(getattr(p, "text", "") or "").strip() for p in content)
 
 
 class Message(BaseModel):
@@ -104,11 +108,7 @@ class Message(BaseModel):
     def _content_present(self) -> Message:
         if self.role == "assistant" and self.tool_calls:
             return self
-        if self.role == "tool" and (
-            self.content is None
-            or (isinstance(self.content, str) and not self.content.strip())
-            or (isinstance(self.content, list) and _blank_parts(self.content))
-        ):
+        if self.role == "tool" and _no_output(self.content):
             # A tool that printed nothing is a normal turn of an agent loop, not a client error.
             self.content = NO_OUTPUT
             return self

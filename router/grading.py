@@ -19,14 +19,15 @@ crashes or exits scores 0. It is a guard against mistakes and casual snooping, n
 boundary against a determined answer (see that module).
 
 Pure functions; reading an answer never raises (a grader that cannot read an answer scores it 0
-and says so in `detail`). Shared readers (choice letters, span normalisation, Python extraction)
-come from router/answers.py, so a letter is read the same way here and in the cascade. What only a
-grader reads is here, on top of them: the commitment of an answer that goes through the options ("A)
-Mars is too small … C) Jupiter is the largest, so the answer is C"; its leading "A)" is no choice,
-and "the answer is A or C" is none), a closing option line ("**C) Jupiter**" after the reasoning)
-and code split over several fenced blocks (an import or a helper, then the function). They stay
-out of router/answers.py on purpose: its readers also serve the live planner and the offline
-evaluation, whose published figures and code-run cache depend on them as they are.
+and says so in `detail`). Shared readers (choice letters, the "answer is" marker and `\\boxed{}`,
+span normalisation, Python extraction) come from router/answers.py, so a letter is read the same
+way here and in the cascade. What only a grader reads is here, on top of them: the commitment of an
+answer that goes through the options ("A) Mars is too small … C) Jupiter is the largest, so the
+answer is C"; its leading "A)" is no choice, and "the answer is A or C" is none), a closing option
+line ("**C) Jupiter**" after the reasoning) and code split over several fenced blocks (an import or
+a helper, then the function). They stay out of router/answers.py on purpose: its readers also serve
+the live planner and the offline evaluation, whose published figures and code-run cache depend on
+them as they are.
 """
 
 from __future__ import annotations
@@ -40,7 +41,19 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from router.answers import FENCE, choice_key, last_boxed, parse_python, python_source, span_key
+from router.answers import (
+    _AFTER_LETTER,
+    _ANSWER_MARK,
+    _BOXED_OPTION,
+    _WRAPPER,
+    FENCE,
+    _marked_letter,
+    choice_key,
+    last_boxed,
+    parse_python,
+    python_source,
+    span_key,
+)
 from router.code_behaviour import run_behaviour
 
 if TYPE_CHECKING:
@@ -62,16 +75,9 @@ _MARKDOWN = re.compile(r"[*_`]+")
 _BRACKETED = re.compile(r"[\(\[]([A-J])[\)\]]")
 _OPTION_LINE = re.compile(r"[\(\[]?([A-J])\)")  # a line that starts "C)" or "(C)": an option as listed
 _OPTION_NAMED = re.compile(r"(?<![A-Za-z0-9])[\(\[]?([A-J])\)")
-_AFTER = r"(?![A-Za-z0-9_'’])"  # "B" but not "Based", "B2" or "I'm"
 _B = r"[^\S\n]"  # a blank within a line: no reader crosses a line end between a marker and its letter
 # An option as a committed answer names it: "C", "C)", "(C)", "option C", "choice (C)".
-_NAMED = rf"(?:(?i:option|choice){_B}+)?[\(\[]?(?P<letter>[A-J]){_AFTER}"
-# The explicit answer, as router.answers reads it (the planner's marker): "The answer is (B)",
-# "Answer: C", "answer: d" (lower case only where it cannot be a word, see _answer_letter).
-_ANSWER = re.compile(r"\b(?i:answer)\s*(?:(?i:is)\s*)?(?::\s*)?([\(\[]?)(?P<letter>[A-Ja-j])" + _AFTER)
-_WRAPPER = re.compile(r"\\[A-Za-z]+\{([^{}]*)\}")  # \text{B}, \textbf{B}, \mathrm{B}
-_BOXED_OPTION = re.compile(r"[\(\[]?([A-Ja-j])(?:[\)\]\.:]|$)")
-_ALONE_AFTER = re.compile(r"[^\S\n]*(?:[\)\]\.:,;!?*]|\n|$)")  # nothing but punctuation after it
+_NAMED = rf"(?:(?i:option|choice){_B}+)?[\(\[]?(?P<letter>[A-J]){_AFTER_LETTER}"
 # Other ways an answer commits to one option, each followed by the option (group "letter").
 _COMMITS = (
     # "the correct option is C", "the right choice: (C)", "the final one would be C"
@@ -102,7 +108,8 @@ _IS_RIGHT = re.compile(
 _VERB = re.compile(r"\b(?:is|are|was|were|am|would|could|can|cannot|can't|does|doesn't|has|have|seems?)\b")
 # Another option right after the one read: "A or C", "(A) or (C)", "A, C", "A) Mars or C) Jupiter".
 _OTHER_NEAR = re.compile(
-    rf"[\)\]]?{_B}*(?:,|/|&|\bor\b|\band\b){_B}*(?:(?i:option|choice){_B}+)?[\(\[]?(?P<letter>[A-J]){_AFTER}"
+    rf"[\)\]]?{_B}*(?:,|/|&|\bor\b|\band\b){_B}*(?:(?i:option|choice){_B}+)?"
+    rf"[\(\[]?(?P<letter>[A-J]){_AFTER_LETTER}"
 )
 _OTHER_FAR = re.compile(
     rf"[\)\]](?:{_B}+[^\s,/&()\[\]]+){{1,4}}?{_B}*(?:,|\bor\b|\band\b){_B}*[\(\[]?(?P<letter>[A-J])[\)\]]"
@@ -115,7 +122,7 @@ _OTHER_BEFORE = re.compile(
 _SENTENCE_START = rf"(?:\A|(?<=[\n.;:!?…,])){_B}*(?:[-*•>]+{_B}*|\d{{1,3}}[.)]{_B}*)?"
 _LABEL = re.compile(
     _SENTENCE_START
-    + rf"(?:(?i:option|choice){_B}+[\(\[]?(?P<named>[A-J]){_AFTER}|[\(\[](?P<bracketed>[A-J])[\)\]]"
+    + rf"(?:(?i:option|choice){_B}+[\(\[]?(?P<named>[A-J]){_AFTER_LETTER}|[\(\[](?P<bracketed>[A-J])[\)\]]"
     + rf"|(?P<listed>[A-J])[\)\]]|(?P<bare>[A-J])(?={_B}+(?:is|are|was|seems)\b))"
 )
 _LINE_LABEL = re.compile(rf"(?m)^{_B}*(?:[-*•>]+{_B}*)?(?P<letter>[A-J])[.:]{_B}")
@@ -153,15 +160,6 @@ def _ends_a_claim(text: str, end: int) -> bool:
     return _VERB.search(rest) is None
 
 
-def _answer_letter(found: re.Match[str]) -> str | None:
-    """An explicit answer's letter; a lower-case one only where it cannot be a word, as the planner
-    reads it: "answer: d" and "answer is (a)" name a letter, "the answer is a drought" does not."""
-    bracket, letter = found.group(1), found.group("letter")
-    if letter.islower() and not bracket and not _ALONE_AFTER.match(found.string, found.end()):
-        return None
-    return letter.upper()
-
-
 def _boxed_option(plain: str, letters: str) -> str | None:
     """The option in the last `\\boxed{}` ("\\boxed{C}", "\\boxed{\\text{(C)}}", "\\boxed{C) Jupiter}"),
     read as the planner reads it; "" when the box names it with an alternative ("\\boxed{A \\text{ or
@@ -184,8 +182,12 @@ def _commitment(plain: str, letters: str) -> tuple[bool, str | None]:
     boxed = _boxed_option(plain, letters)
     if boxed is not None:
         return True, boxed or None
+    # the planner's marker and reading ("The answer is (B)", "Answer: C", "answer: d" but not "the
+    # answer is a drought"); the markdown it allows is gone from `plain` already
     answers = [
-        (m, letter) for m in _ANSWER.finditer(plain) if (letter := _answer_letter(m)) and letter in letters
+        (m, letter)
+        for m in _ANSWER_MARK.finditer(plain)
+        if (letter := _marked_letter(m)) and letter in letters
     ]
     if answers:
         found, letter = answers[-1]

@@ -258,19 +258,24 @@ class RedisServer:
         self.proc.wait(timeout=10)
 
 
+def backend_redis_url(request: pytest.FixtureRequest) -> str | None:
+    """The Redis URL for a fixture parametrised "redis" or not ("memory", "file"): the session's
+    redis-server, flushed so that no earlier test's state is seen, or None (no Redis)."""
+    if request.param != "redis":
+        return None
+    import redis
+
+    server: RedisServer = request.getfixturevalue("redis_server")
+    redis.Redis.from_url(server.url).flushdb()
+    return server.url
+
+
 @pytest.fixture(params=["memory", "redis"])
 async def stores(request: pytest.FixtureRequest, tmp_path: Path):
     """The shared-state stores on both backends: in-process, and a real redis-server (flushed)."""
-    import redis
-
     from gateway.store import open_stores
 
-    url = None
-    if request.param == "redis":
-        server: RedisServer = request.getfixturevalue("redis_server")
-        redis.Redis.from_url(server.url).flushdb()
-        url = server.url
-    opened = open_stores(tmp_path, url)
+    opened = open_stores(tmp_path, backend_redis_url(request))
     yield opened
     await opened.close()
     opened.ledger.close()

@@ -19,12 +19,11 @@ import httpx
 import pytest
 
 from gateway.metrics import Metrics
-from gateway.schemas import ChatCompletionRequest
 from gateway.upstream import WorkerClient, WorkerError
 from policies import Worker, parse_catalog
 from tests.conftest import FAKE_KEY_ENV, catalog_yaml_for, ledger_record, start_gateway
+from tests.test_worker_faults_paths import MESSAGES, chat, make_worker
 
-MESSAGES = [{"role": "user", "content": "Say hello in five words"}]
 STALL_S = 30.0  # the upstream's answer comes this late: far past TIMEOUT_S however loaded the machine
 TIMEOUT_S = 0.5
 ATTEMPTS_HEADER = "x-polyroute-attempts"
@@ -34,30 +33,6 @@ PATHS = pytest.mark.parametrize("fast_path", [True, False], ids=["fast-path", "l
 @pytest.fixture(autouse=True)
 def _upstream_key(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(FAKE_KEY_ENV, "sk-test-upstream")
-
-
-def make_worker(api_base: str, timeout_s: float = TIMEOUT_S) -> Worker:
-    catalog = f"""
-version: 1
-workers:
-  - name: w
-    model: openai/cheap-model
-    api_base: {api_base}
-    api_key_env: {FAKE_KEY_ENV}
-    input_price_per_m: 1.0
-    output_price_per_m: 2.0
-    tier: open-moe
-    license: MIT
-    provider: fake
-    jurisdiction: US
-    context_window: 8192
-    timeout_s: {timeout_s}
-"""
-    return parse_catalog(catalog, "accounting attempts").workers[0]
-
-
-def chat(**fields) -> ChatCompletionRequest:
-    return ChatCompletionRequest(model="w", messages=MESSAGES, **fields)
 
 
 def attempts(carrier) -> list[tuple[str, str, int, bool]]:
@@ -81,7 +56,7 @@ async def call(client: WorkerClient, worker: Worker, stream: bool):
 @pytest.mark.anyio
 async def test_timed_out_attempts_are_on_the_final_error_as_may_be_billed(upstream, fast_path, stream):
     upstream.behave("cheap-model", latency_s=STALL_S)
-    worker = make_worker(upstream.url + "/v1")
+    worker = make_worker(upstream.url + "/v1", timeout_s=TIMEOUT_S)
     client = WorkerClient(Metrics(), retries=1, backoff_s=0.01, fast_path=fast_path)
     with pytest.raises(WorkerError) as info:
         await call(client, worker, stream)
@@ -95,7 +70,7 @@ async def test_timed_out_attempts_are_on_the_final_error_as_may_be_billed(upstre
 @pytest.mark.anyio
 async def test_a_retried_refusal_is_on_the_answer_and_not_billed(upstream, fast_path, stream):
     upstream.behave("cheap-model", status=503, fail_times=1)
-    worker = make_worker(upstream.url + "/v1", timeout_s=60)
+    worker = make_worker(upstream.url + "/v1")
     client = WorkerClient(Metrics(), retries=2, backoff_s=0.01, fast_path=fast_path)
     answered = await call(client, worker, stream)
     assert len(upstream.requests_for("cheap-model")) == 2
@@ -117,7 +92,7 @@ async def test_a_call_that_never_left_is_not_billed(fast_path):
 
 @pytest.mark.anyio
 async def test_an_answer_with_nothing_to_give_up_carries_no_attempts(upstream):
-    worker = make_worker(upstream.url + "/v1", timeout_s=60)
+    worker = make_worker(upstream.url + "/v1")
     answered = await call(WorkerClient(Metrics(), retries=2), worker, stream=False)
     assert attempts(answered) == []
 
@@ -129,6 +104,18 @@ def _catalog_with_slow_cheap(url: str):
         w.model_copy(update={"timeout_s": TIMEOUT_S}) if w.name == "cheap" else w for w in catalog.workers
     )
     return catalog.model_copy(update={"workers": workers})
+
+
+def ask_cascade(gw) -> httpx.Response:
+    """A compose:cascade request of MESSAGES, answered (200)."""
+    response = httpx.post(
+        gw.v1 + "/chat/completions",
+        headers=gw.auth(),
+        json={"model": "compose:cascade", "messages": MESSAGES},
+        timeout=120,
+    )
+    assert response.status_code == 200, response.text
+    return response
 
 
 @PATHS
@@ -145,13 +132,7 @@ def test_a_cascade_step_that_timed_out_is_in_the_ledger_trace_and_the_header(ups
     try:
         upstream.behave("cheap-model", latency_s=STALL_S)
         upstream.behave("pricey-model", text="Hello there, how are you?")
-        response = httpx.post(
-            gw.v1 + "/chat/completions",
-            headers=gw.auth(),
-            json={"model": "compose:cascade", "messages": MESSAGES},
-            timeout=120,
-        )
-        assert response.status_code == 200, response.text
+        response = ask_cascade(gw)
         assert response.headers["x-polyroute-worker"] == "pricey"
         assert len(upstream.requests_for("cheap-model")) == 2
         timed_out = {"worker": "cheap", "outcome": "timeout", "status": 504, "may_be_billed": True}
@@ -174,13 +155,7 @@ def test_a_cascade_step_retried_then_answered_keeps_its_refusal_in_the_trace(ups
     try:
         upstream.behave("cheap-model", status=503, fail_times=1, text="Hello there, how are you?")
         upstream.behave("pricey-model", text="9", replies={"How likely is the proposed answer": "9"})
-        response = httpx.post(
-            gw.v1 + "/chat/completions",
-            headers=gw.auth(),
-            json={"model": "compose:cascade", "messages": MESSAGES},
-            timeout=120,
-        )
-        assert response.status_code == 200, response.text
+        response = ask_cascade(gw)
         assert response.headers["x-polyroute-worker"] == "cheap"  # the judge accepted cheap's answer
         record = ledger_record(gw, response.headers["x-polyroute-request-id"])
         refused = {"worker": "cheap", "outcome": "http_503", "status": 503, "may_be_billed": False}
@@ -197,13 +172,7 @@ def test_a_workflow_without_given_up_calls_has_no_attempts(upstream, tmp_path):
     try:
         upstream.behave("cheap-model", text="Hello there, how are you?")
         upstream.behave("pricey-model", text="9", replies={"How likely is the proposed answer": "9"})
-        response = httpx.post(
-            gw.v1 + "/chat/completions",
-            headers=gw.auth(),
-            json={"model": "compose:cascade", "messages": MESSAGES},
-            timeout=120,
-        )
-        assert response.status_code == 200, response.text
+        response = ask_cascade(gw)
         assert ATTEMPTS_HEADER not in response.headers
         assert "attempts" not in ledger_record(gw, response.headers["x-polyroute-request-id"])["trace"]
     finally:

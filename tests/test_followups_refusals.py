@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from policies import parse_catalog
-from tests.conftest import Gateway, RedisServer, catalog_yaml_for, start_gateway
+from tests.conftest import Gateway, backend_redis_url, catalog_yaml_for, start_gateway
 from tests.test_auth_admin_metrics import _sample
 from tests.test_embeddings import embedding_workers
 
@@ -41,13 +41,7 @@ def write_policy(path: Path, version: str, tenants: dict | None = None) -> None:
 def make_gateway(request, upstream, tmp_path) -> Iterator[Callable[..., Gateway]]:
     """A gateway on the test catalog (chat and embedding workers), the PII rule in force, on the
     in-process stores or on a real redis-server."""
-    url = None
-    if request.param == "redis":
-        import redis
-
-        server: RedisServer = request.getfixturevalue("redis_server")
-        redis.Redis.from_url(server.url).flushdb()
-        url = server.url
+    url = backend_redis_url(request)
     started: list[Gateway] = []
 
     def make(tenants: dict | None = None, **settings) -> Gateway:

@@ -12,26 +12,17 @@ from pathlib import Path
 
 import httpx
 import pytest
-import yaml
 
-from policies import parse_catalog
-from tests.conftest import Gateway, catalog_yaml_for, ledger_record, start_gateway
+from tests.conftest import Gateway, ledger_record
 from tests.fakes.upstream import FakeUpstream
-from tests.test_router_live_change_plan import deny, during_first_step, edit_policy
+from tests.test_router_live_change_plan import deny, during_first_step, edit_policy, reloading
 
 
 @pytest.fixture
 def gw(held: FakeUpstream, tmp_path: Path) -> Iterator[Gateway]:
     """The rule-based router's fast mode (cheapest first: cheap, mid, pricey), no retries, a policy
     file the test reloads itself."""
-    (tmp_path / "policy.yaml").write_text(yaml.safe_dump({"version": "open"}))
-    gateway = start_gateway(
-        parse_catalog(catalog_yaml_for(held.url)),
-        tmp_path / "data",
-        retries=0,
-        policy_file=tmp_path / "policy.yaml",
-        policy_reload_interval_s=3600,
-    )
+    gateway = reloading(held, tmp_path, {"version": "open"})
     try:
         yield gateway
     finally:

@@ -14,6 +14,7 @@ ledger read back from disk; waits are on conditions with generous deadlines, nev
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import time
 from decimal import Decimal
@@ -22,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from polyroute.calibrate import graded_pairs
-from tests.conftest import catalog_yaml_for
+from tests.conftest import backend_redis_url, catalog_yaml_for
 from tests.test_calibrate import PROBES, RIGHT, ROOT, calibrate_command
 from tests.test_calibrate import calibrate as run_calibrate
 
@@ -44,14 +45,9 @@ def setup(request: pytest.FixtureRequest, tmp_path: Path, upstream) -> dict:
     workers_file.write_text(catalog_yaml_for(upstream.url))
     probe_file = tmp_path / "probes.jsonl"
     probe_file.write_text("".join(json.dumps(p) + "\n" for p in PROBES[:1]))
-    setup = {"data_dir": tmp_path / "data", "workers_file": workers_file, "probe_file": probe_file, "env": {}}
-    if request.param == "redis":
-        import redis
-
-        server = request.getfixturevalue("redis_server")
-        redis.Redis.from_url(server.url).flushdb()
-        setup["env"] = {"REDIS_URL": server.url}
-    return setup
+    url = backend_redis_url(request)
+    env = {"REDIS_URL": url} if url else {}
+    return {"data_dir": tmp_path / "data", "workers_file": workers_file, "probe_file": probe_file, "env": env}
 
 
 def ledger(setup: dict) -> list[dict]:
@@ -72,9 +68,9 @@ def said(done: subprocess.CompletedProcess[str]) -> str:
     return " ".join(done.stderr.split())
 
 
-def kill_while_in_flight(setup: dict, upstream) -> dict:
-    """Start a run of one probe on cheap, whose upstream holds the call; SIGKILL the run once the call
-    is in flight. Returns the intent the run left."""
+def signal_while_in_flight(setup: dict, upstream, signum: signal.Signals) -> int:
+    """Start a run of one probe on cheap, whose upstream holds the call; send the run `signum` once
+    the call is in flight, and return its exit code once it has ended."""
     upstream.behave("cheap-model", replies=RIGHT, text="?", latency_s=600)
     command, environment = calibrate_command(setup, "--workers", "cheap", "--probes", "1", env=setup["env"])
     proc = subprocess.Popen(
@@ -86,13 +82,19 @@ def kill_while_in_flight(setup: dict, upstream) -> dict:
             assert proc.poll() is None, proc.communicate()
             assert time.monotonic() < deadline, "the run sent no call"
             time.sleep(0.05)
-        proc.kill()  # SIGKILL: no handler runs, nothing more is written
+        proc.send_signal(signum)
         proc.communicate(timeout=DEADLINE_S)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
-    assert proc.returncode == -9
+    return proc.returncode
+
+
+def kill_while_in_flight(setup: dict, upstream) -> dict:
+    """SIGKILL a run once its call is in flight (no handler runs, nothing more is written). Returns
+    the intent the run left."""
+    assert signal_while_in_flight(setup, upstream, signal.SIGKILL) == -9
     records = ledger(setup)
     assert [r["type"] for r in records] == [INTENT]  # written before the call was sent; nothing after
     (intent,) = records
@@ -157,26 +159,7 @@ def test_the_dry_run_says_so_and_books_nothing(setup, upstream):
 def test_ctrl_c_closes_the_intent_of_the_call_it_records_as_stopped(setup, upstream):
     """Ctrl-C (and SIGTERM) record the call in flight as stopped themselves: its intent is closed by
     that record, and a rerun books nothing more."""
-    import signal
-
-    upstream.behave("cheap-model", replies=RIGHT, text="?", latency_s=600)
-    command, environment = calibrate_command(setup, "--workers", "cheap", "--probes", "1", env=setup["env"])
-    proc = subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environment, cwd=ROOT
-    )
-    try:
-        deadline = time.monotonic() + DEADLINE_S
-        while not upstream.requests_for("cheap-model"):
-            assert proc.poll() is None, proc.communicate()
-            assert time.monotonic() < deadline, "the run sent no call"
-            time.sleep(0.05)
-        proc.send_signal(signal.SIGINT)
-        proc.communicate(timeout=DEADLINE_S)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
-    assert proc.returncode == 130
+    assert signal_while_in_flight(setup, upstream, signal.SIGINT) == 130
     records = ledger(setup)
     assert [(r["type"], r["status"]) for r in records] == [(INTENT, IN_FLIGHT), ("request", 499)]
     assert records[0]["id"] == records[1]["id"] and lost_calls(records) == []

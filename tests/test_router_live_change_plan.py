@@ -40,12 +40,17 @@ def wait_for(condition: Callable[[], object], what: str, timeout_s: float = 60.0
 
 
 def planned(held: FakeUpstream, tmp_path: Path, trained, policy: dict | None = None, **settings) -> Gateway:  # noqa: F811
-    """A gateway whose router has the trained planner, on the held upstream; its policy file (if
-    given) is reloaded by the test, not by the watcher's tick."""
+    """A gateway whose router has the trained planner, on the held upstream (see `reloading`)."""
     from router import save_artifact
 
     planner, artifact = trained
     save_artifact(tmp_path / "data" / "router", with_planner(artifact, planner))
+    return reloading(held, tmp_path, policy, **settings)
+
+
+def reloading(held: FakeUpstream, tmp_path: Path, policy: dict | None = None, **settings) -> Gateway:
+    """A gateway on the held upstream, without retries; its policy file (if given) is reloaded by
+    the test, not by the watcher's tick."""
     if policy is not None:
         (tmp_path / "policy.yaml").write_text(yaml.safe_dump(policy))
         settings["policy_file"] = tmp_path / "policy.yaml"
@@ -180,14 +185,7 @@ def test_a_cascade_neither_judges_with_nor_escalates_to_a_worker_a_reload_exclud
     """compose:cascade under the rule-based router: cheap answers, pricey (the strongest) judges it
     and is the escalation. Excluded while cheap answers, pricey is called for neither: the judge's
     verdict is missing (escalate), the escalation is excluded, and cheap's answer is kept."""
-    (tmp_path / "policy.yaml").write_text(yaml.safe_dump({"version": "open"}))
-    gw = start_gateway(
-        parse_catalog(catalog_yaml_for(held.url)),
-        tmp_path / "data",
-        retries=0,
-        policy_file=tmp_path / "policy.yaml",
-        policy_reload_interval_s=3600,
-    )
+    gw = reloading(held, tmp_path, {"version": "open"})
     try:
         behave_all(held, {"cheap": "4", "mid": "4", "pricey": "9"})
         body = {**ask_body(model="compose:cascade"), "metadata": {"verifier": "judge"}}

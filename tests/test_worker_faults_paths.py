@@ -14,8 +14,9 @@ import pytest
 from gateway.metrics import Metrics
 from gateway.schemas import ChatCompletionRequest
 from gateway.upstream import WorkerClient, WorkerError, litellm_cost
-from policies import Worker, parse_catalog
+from policies import Worker
 from tests.conftest import FAKE_KEY_ENV
+from tests.test_upstream_fastpath import make_worker as fast_path_worker
 
 pytestmark = pytest.mark.anyio
 
@@ -27,23 +28,10 @@ def _upstream_key(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(FAKE_KEY_ENV, "sk-test-upstream")
 
 
-def make_worker(api_base: str) -> Worker:
-    catalog = f"""
-version: 1
-workers:
-  - name: w
-    model: openai/cheap-model
-    api_base: {api_base}
-    api_key_env: {FAKE_KEY_ENV}
-    input_price_per_m: 1.0
-    output_price_per_m: 2.0
-    tier: open-moe
-    license: MIT
-    provider: fake
-    jurisdiction: US
-    context_window: 8192
-"""
-    return parse_catalog(catalog, "worker faults paths").workers[0]
+def make_worker(api_base: str, timeout_s: float = 60.0) -> Worker:
+    """The fast-path tests' worker "w" (openai/cheap-model) at `api_base`; 60 s is the catalog's
+    default timeout."""
+    return fast_path_worker("openai/cheap-model", api_base, timeout_s)
 
 
 def chat(**fields) -> ChatCompletionRequest:

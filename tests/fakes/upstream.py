@@ -372,8 +372,6 @@ class FakeUpstream:
         events = self._events(body, behaviour, completion_id, created, text, usage, tool_call, cut)
         try:
             async for piece in events:
-                if piece is None:  # the end, sent early (end_after_chunks)
-                    break
                 yield piece
         except (asyncio.CancelledError, GeneratorExit):
             self.abandoned.append(str(body.get("model")))
@@ -384,20 +382,12 @@ class FakeUpstream:
     async def _events(self, body, behaviour, completion_id, created, text, usage, tool_call, cut=False):
         model = body.get("model")
 
-        def chunk(delta: dict[str, Any], finish: str | None = None, **extra: Any) -> bytes:
-            payload = {
-                "id": completion_id,
-                "object": "chat.completion.chunk",
-                "created": created,
-                "model": model,
-                "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
-                **extra,
-            }
-            return b"data: " + orjson.dumps(payload) + b"\n\n"
-
         def bare(**extra: Any) -> bytes:  # a chunk with no choices (e.g. the usage chunk)
             payload = {"id": completion_id, "object": "chat.completion.chunk", "created": created}
             return b"data: " + orjson.dumps({**payload, "model": model, "choices": [], **extra}) + b"\n\n"
+
+        def chunk(delta: dict[str, Any], finish: str | None = None, **extra: Any) -> bytes:
+            return bare(choices=[{"index": 0, "delta": delta, "finish_reason": finish}], **extra)
 
         if behaviour.empty_choices:  # no choice at all: an empty chunk, the usage if asked, [DONE]
             yield bare()
@@ -425,8 +415,7 @@ class FakeUpstream:
                 if behaviour.inject_after_chunks == i:
                     yield behaviour.inject.encode()
                 if behaviour.end_after_chunks == i:
-                    yield None  # _stream ends the body here, cleanly
-                    return
+                    return  # the body ends here, cleanly: no finish chunk, no [DONE]
                 if behaviour.stall_after_chunks == i:
                     await asyncio.Event().wait()  # until the client goes away (which cancels this)
                 if behaviour.chunk_delay_s:
@@ -442,15 +431,7 @@ class FakeUpstream:
                     yield chunk({"content": word})
         yield chunk({}, _finish(behaviour, tool_call, cut))
         if behaviour.stream_usage and (body.get("stream_options") or {}).get("include_usage"):
-            payload = {
-                "id": completion_id,
-                "object": "chat.completion.chunk",
-                "created": created,
-                "model": model,
-                "choices": [],
-                "usage": usage,
-            }
-            yield b"data: " + orjson.dumps(payload) + b"\n\n"
+            yield bare(usage=usage)
         yield b"data: [DONE]\n\n"
 
     # ---- Anthropic's Messages wire (workers with provider anthropic, called through litellm) -------
