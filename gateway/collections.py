@@ -30,6 +30,7 @@ from gateway.errors import APIError, JSONResponse
 from gateway.state import AppState
 from retrieval import (
     MODES,
+    CollectionDropped,
     CollectionNotFound,
     DocumentInput,
     ExtractionError,
@@ -104,14 +105,11 @@ async def _collection(request: Request, tenant: str, name: str, create: bool = F
 
 async def _on(collection, name: str, fn, *args, writing: bool = False):
     """``fn(*args)`` on ``collection`` in a thread. A DELETE of the collection that lands while it runs
-    closes the collection under it: whatever that raises is the collection being gone — a 404 as for
-    a collection never there, or for a write (``writing``) a 409 saying nothing of it was written —
-    not a 500."""
+    closes the collection under it (retrieval raises CollectionDropped): a 404 as for a collection
+    never there, or for a write (``writing``) a 409 saying nothing of it was written — not a 500."""
     try:
         return await asyncio.to_thread(fn, *args)
-    except Exception:
-        if not getattr(collection, "dropped", False):
-            raise
+    except CollectionDropped:
         if writing:
             raise APIError(
                 409,
@@ -161,13 +159,10 @@ def _listed(store: Retriever, tenant: str) -> list[dict[str, Any]]:
 
 
 def _stats_unless_dropped(collection) -> dict[str, Any] | None:
-    """The collection's stats, or None when a DELETE closed it under the read (whatever the closed
-    shard raises then is the collection being gone)."""
+    """The collection's stats, or None when a DELETE closed it under the read."""
     try:
         return collection.stats()
-    except Exception:
-        if not getattr(collection, "dropped", False):
-            raise
+    except CollectionNotFound:  # CollectionDropped: gone since it was listed
         return None
 
 

@@ -22,9 +22,8 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
-from retrieval.store import Collection, CollectionNotFound, Retriever
+from retrieval.store import Collection, CollectionDropped, CollectionNotFound, Retriever
 from retrieval.text import clip_words, sentences, tokenize
 
 TOOL_NAME = "memory_expand"
@@ -261,18 +260,12 @@ def recall(
     )
 
 
-def _unless_dropped(
-    collection: Collection, gone: Any, fn: Callable[..., Any], *args: Any, **kwargs: Any
-) -> Any:
-    """``fn(*args, **kwargs)``, or ``gone`` when the collection was dropped under the call (a forget of
-    the session or a DELETE, from this replica, closes it mid-read): a collection that is gone holds
-    no memory, which is a miss, not a failed request."""
+def _titles(collection: Collection, ids: list[str]) -> dict[str, tuple[str, str]]:
+    """id → (title, summary); none for a collection dropped since it was searched."""
     try:
-        return fn(*args, **kwargs)
-    except Exception:
-        if not getattr(collection, "dropped", False):
-            raise
-        return gone
+        return collection.documents(ids)
+    except CollectionDropped:
+        return {}
 
 
 def _ranked_entries(
@@ -289,9 +282,10 @@ def _ranked_entries(
     scored: list[tuple[float, str, str, str]] = []
     for name, collection in sources.items():
         best: dict[str, tuple[float, str]] = {}
-        hits = _unless_dropped(
-            collection, [], collection.search, query, k=(limit + len(exclude)) * 2, mode=mode
-        )
+        try:
+            hits = collection.search(query, k=(limit + len(exclude)) * 2, mode=mode)
+        except CollectionDropped:  # forgotten or deleted since recall opened it: it holds no memory
+            continue
         for hit in hits:
             if hit.document_id not in best and hit.document_id not in exclude:
                 best[hit.document_id] = (hit.score, hit.text)
@@ -303,10 +297,7 @@ def _ranked_entries(
     by_collection: dict[str, list[str]] = {}
     for _, name, doc_id, _ in scored:
         by_collection.setdefault(name, []).append(doc_id)
-    info = {
-        name: _unless_dropped(sources[name], {}, sources[name].documents, ids)
-        for name, ids in by_collection.items()
-    }
+    info = {name: _titles(sources[name], ids) for name, ids in by_collection.items()}
     entries: list[MemoryEntry] = []
     for i, (score, name, doc_id, text) in enumerate(scored):
         title, summary = info[name].get(doc_id, (doc_id, ""))

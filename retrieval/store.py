@@ -26,11 +26,13 @@ Search modes (each one Qdrant query):
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 import shutil
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -65,6 +67,25 @@ MAX_DOC_ID = 512
 # request's life; pruned only once this many are remembered.
 DROPS_REMEMBERED_S = 3600.0
 DROPS_PRUNE_ABOVE = 1024
+
+
+def _reading(method: Callable[..., Any]) -> Callable[..., Any]:
+    """A Collection read that a drop (a DELETE, a forgotten session) closes under it raises
+    CollectionDropped, whatever the closed shard or the server raised: callers treat the collection
+    as gone (a 404, a miss) instead of each reading the engine's own errors."""
+
+    @functools.wraps(method)
+    def read(self: Collection, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(self, *args, **kwargs)
+        except CollectionDropped:
+            raise
+        except Exception as exc:
+            if self.dropped:
+                raise CollectionDropped(self.name) from exc
+            raise
+
+    return read
 
 
 class CollectionNotFound(KeyError):
@@ -391,6 +412,7 @@ class Collection:
             self._unoptimized = 0
 
     # --------------------------------------------------------------------------- reading
+    @_reading
     def stats(self) -> dict[str, Any]:
         return {
             "object": "collection",
@@ -402,6 +424,7 @@ class Collection:
             "vector_backend": f"qdrant-{self.engine.mode}",
         }
 
+    @_reading
     def document(self, doc_id: str) -> DocumentRecord | None:
         row = self.engine.retrieve([doc_point_id(doc_id)]).get(doc_point_id(doc_id))
         if row is None:
@@ -415,11 +438,13 @@ class Collection:
             row.get("metadata") or {},
         )
 
+    @_reading
     def documents(self, doc_ids: list[str]) -> dict[str, tuple[str, str]]:
         """id → (title, summary) for the ids that exist."""
         rows = self.engine.retrieve([doc_point_id(d) for d in doc_ids], ["doc", "title", "summary"])
         return {r["doc"]: (r.get("title", ""), r.get("summary", "")) for r in rows.values()}
 
+    @_reading
     def list_documents(self, limit: int = 100, after: str = "") -> list[dict[str, Any]]:
         rows = sorted(
             (r for r in self.engine.scroll("doc", ["doc", "title", "summary", "chunks"]) if r["doc"] > after),
@@ -430,6 +455,7 @@ class Collection:
             for r in rows
         ]
 
+    @_reading
     def all_documents(self) -> list[DocumentRecord]:
         """Every document with its text (migration, export)."""
         return [
@@ -444,6 +470,7 @@ class Collection:
             for r in self.engine.scroll("doc", ["doc", "title", "summary", "text", "chunks", "metadata"])
         ]
 
+    @_reading
     def search(
         self, query: str, k: int = 10, mode: str = "bm25_dense", candidates: int | None = None
     ) -> list[Hit]:
@@ -461,6 +488,7 @@ class Collection:
             for p, score, sparse, dense in self._ranked(query, k, mode, candidates, details=True)
         ]
 
+    @_reading
     def rank(
         self, query: str, k: int = 10, mode: str = "bm25_dense", candidates: int | None = None
     ) -> list[tuple[str, float, float | None, float | None]]:
