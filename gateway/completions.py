@@ -683,9 +683,7 @@ class Exchange:
                 router_version=self.router_version,
                 data_class=self.admission.data_class,
                 fallbacks=tuple(f.worker for f in failures),
-                query=query.text,
-                query_tail=query.tail,
-                query_chars=query.chars,
+                **query.record_fields(),
                 turns=self.chat.user_turns(),
                 trace=trace,
                 route=self._route_log(state) if strategy is None else None,  # not for a composed one

@@ -24,7 +24,7 @@ import os
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -106,6 +106,10 @@ class StoredQuery:
     tail: str | None = None
     chars: int | None = None
 
+    def record_fields(self) -> dict[str, str | int | None]:
+        """RequestRecord's fields for this query (`query`, `query_tail`, `query_chars`)."""
+        return {"query": self.text, "query_tail": self.tail, "query_chars": self.chars}
+
 
 def stored_query(text: str | None, data_class: str | None) -> StoredQuery:
     """What the ledger may keep of ``text``: nothing unless the data class may be stored (never PII or
@@ -173,6 +177,18 @@ def numbered_lines(
                 continue
             seen_json = True
             yield number, value
+
+
+def append_lines(path: Path, payloads: Iterable[Mapping]) -> None:
+    """Append ``payloads`` to ``path`` as JSON lines in one write, synced to disk, readable by this
+    user only: what a replica could not send to Redis at shutdown (its ledger records, its budget
+    settles), for its next start to read back with :func:`numbered_lines`, which skips a line torn
+    by a crash or a full disk."""
+    with open(path, "a", encoding="utf-8") as fh:
+        fh.write("".join(json.dumps(p, ensure_ascii=False, separators=(",", ":")) + "\n" for p in payloads))
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.chmod(path, 0o600)
 
 
 def _looks_torn(raw: bytes) -> bool:

@@ -173,17 +173,22 @@ def lost_calls(records: Iterable[dict], alive: Callable[[dict], bool] | None = N
     for request_id, intent in intents.items():
         if request_id in closed or alive(intent):
             continue
-        in_flight = ((intent.get("trace") or {}).get(CALIBRATION) or {}).get("in_flight") or {}
-        micros = in_flight.get("hold_micros")
+        micros = _in_flight(intent).get("hold_micros")
         hold = Decimal(micros) / 1_000_000 if isinstance(micros, int) and micros >= 0 else Decimal(0)
         lost.append(LostCall(intent, hold))
     return lost
 
 
+def _in_flight(intent: dict) -> dict:
+    """What an intent says of its call in flight (`Runner._intend`: hold, run, host, pid); {} if nothing."""
+    found = ((intent.get("trace") or {}).get(CALIBRATION) or {}).get("in_flight")
+    return found if isinstance(found, dict) else {}
+
+
 def _run_alive(intent: dict) -> bool:
     """Whether the run that wrote `intent` still runs: its process on this host, not ended (a
     zombie has ended). A run on another host cannot be asked: its open intents count as lost."""
-    in_flight = ((intent.get("trace") or {}).get(CALIBRATION) or {}).get("in_flight") or {}
+    in_flight = _in_flight(intent)
     pid = in_flight.get("pid")
     if in_flight.get("host") != socket.gethostname() or not isinstance(pid, int) or pid == os.getpid():
         return False
@@ -674,7 +679,7 @@ class Runner:
             "data_class": admission.data_class,
             # a long probe keeps its tail as a live request's record does: a last-paragraph model
             # fitted on these records reads the question (router train --from-ledger)
-            **_query_fields(stored_query(chat.last_user_text(), admission.data_class)),
+            **stored_query(chat.last_user_text(), admission.data_class).record_fields(),
             "turns": chat.user_turns(),
         }
 
@@ -993,11 +998,6 @@ class FitResult:
     status: str  # fitted | unchanged | no_router | no_labels | failed
     message: str
     version: str | None = None
-
-
-def _query_fields(query) -> dict[str, Any]:
-    """A RequestRecord's query fields from gateway.ledger's StoredQuery (head, tail, length)."""
-    return {"query": query.text, "query_tail": query.tail, "query_chars": query.chars}
 
 
 def calibration_labels(

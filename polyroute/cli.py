@@ -71,6 +71,11 @@ DataDir = Annotated[
 RouterDir = Annotated[
     Path | None, typer.Option(help="model store [env POLYROUTE_ROUTER_DIR] [default: <data dir>/router]")
 ]
+# where the worker catalog comes from without --workers-file: what `serve` reads (see _workers_file)
+WORKERS_FILE_ENV = "[env POLYROUTE_WORKERS_FILE, default: embedded]"
+WorkersFile = Annotated[
+    Path | None, typer.Option(help=f"worker catalog YAML {WORKERS_FILE_ENV}, as `serve` reads it")
+]
 # the RouteLLM folder of `router train --dataset routellm` and `router eval` (_routellm_root)
 RouteLLMData = Annotated[
     Path | None,
@@ -140,9 +145,7 @@ def serve(
         str | None, typer.Option(help="bind address [env POLYROUTE_HOST, default 127.0.0.1]")
     ] = None,
     port: Annotated[int | None, typer.Option(help="port [env POLYROUTE_PORT, default 8400]")] = None,
-    workers_file: Annotated[
-        Path | None, typer.Option(help="worker catalog YAML [env POLYROUTE_WORKERS_FILE, default: embedded]")
-    ] = None,
+    workers_file: Annotated[Path | None, typer.Option(help=f"worker catalog YAML {WORKERS_FILE_ENV}")] = None,
     data_dir: DataDir = None,
     local_workers: Annotated[
         bool | None,
@@ -255,12 +258,7 @@ def keys_revoke(
 
 @app.command()
 def workers(
-    workers_file: Annotated[
-        Path | None,
-        typer.Option(
-            help="worker catalog YAML [env POLYROUTE_WORKERS_FILE, default: embedded], as `serve` reads it"
-        ),
-    ] = None,
+    workers_file: WorkersFile = None,
 ) -> None:
     """Show the worker catalog and which workers are available here (and why not)."""
     catalog = _offline_catalog(workers_file, 2)
@@ -315,10 +313,7 @@ def policies_validate(
     file: Annotated[Path, typer.Argument(help="the policy YAML to check")],
     workers_file: Annotated[
         Path | None,
-        typer.Option(
-            help="the worker catalog the policy must fit [env POLYROUTE_WORKERS_FILE, default: embedded], "
-            "as `serve` reads it"
-        ),
+        typer.Option(help=f"the worker catalog the policy must fit {WORKERS_FILE_ENV}, as `serve` reads it"),
     ] = None,
 ) -> None:
     """Check a policy file as the gateway would — valid, and fitting the worker catalog (judges,
@@ -362,12 +357,7 @@ def policies_explain(
             "default: what the gateway uses]"
         ),
     ] = None,
-    workers_file: Annotated[
-        Path | None,
-        typer.Option(
-            help="worker catalog YAML [env POLYROUTE_WORKERS_FILE, default: embedded], as `serve` reads it"
-        ),
-    ] = None,
+    workers_file: WorkersFile = None,
     data_dir: DataDir = None,
     as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
     assume_available: Annotated[
@@ -763,9 +753,7 @@ def router_train(
     ] = True,
     workers_file: Annotated[
         Path | None,
-        typer.Option(
-            help="worker catalog YAML (tiers for priors) [env POLYROUTE_WORKERS_FILE, default: embedded]"
-        ),
+        typer.Option(help=f"worker catalog YAML (tiers for priors) {WORKERS_FILE_ENV}"),
     ] = None,
     router_dir: RouterDir = None,
     data_dir: DataDir = None,
@@ -1107,9 +1095,7 @@ def router_eval(
     ] = None,
     workers_file: Annotated[
         Path | None,
-        typer.Option(
-            help="worker catalog YAML (today's prices) [env POLYROUTE_WORKERS_FILE, default: embedded]"
-        ),
+        typer.Option(help=f"worker catalog YAML (today's prices) {WORKERS_FILE_ENV}"),
     ] = None,
     router_dir: RouterDir = None,
     confidence: Annotated[float, typer.Option(help="confidence level of the intervals")] = 0.95,

@@ -21,11 +21,15 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import joblib
+
+if TYPE_CHECKING:
+    from router.learned import LearnedRouter
 
 FORMAT = 1
 CURRENT = "current.json"
@@ -66,21 +70,33 @@ def is_version_name(version: str) -> bool:
     return bool(version) and version not in (".", "..") and "/" not in version and "\\" not in version
 
 
-def _write_json(path: Path, data: dict) -> None:
-    """Write ``path`` whole or not at all: into a temporary file of its own, renamed over it. The
-    temporary name is unique, not the process id: replicas sharing a router dir (a ReadWriteMany
-    volume) each run as PID 1 in their container, and two writers of one name would write into the
-    same file, one renaming the other's (or a mix of both) into place."""
+def _replace_whole(path: Path, write: Callable[[Path], object]) -> None:
+    """Write ``path`` whole or not at all: ``write`` fills a temporary file of its own, renamed over
+    it, so a gateway reads the old content or the new, never half of it. The temporary name is
+    unique, not the process id: replicas sharing a router dir (a ReadWriteMany volume) each run as
+    PID 1 in their container, and two writers of one name would write into the same file, one
+    renaming the other's (or a mix of both) into place."""
     fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
     tmp = Path(name)
     try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(json.dumps(data, indent=2, default=str) + "\n")
+        write(tmp)
         os.chmod(tmp, 0o644)  # as a file written plainly would be: every replica's user reads it
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def _write_json(path: Path, data: dict) -> None:
+    _replace_whole(path, lambda tmp: tmp.write_text(json.dumps(data, indent=2, default=str) + "\n"))
+
+
+def _version_dir(root: Path, version: str) -> Path:
+    """The directory of trained version ``version``; RouterLoadError when ``root`` holds no such model."""
+    if not is_version_name(version) or not (root / version / "model.joblib").is_file():
+        raise RouterLoadError(f"no router model version {version!r} under {root}")
+    return root / version
 
 
 def read_pointer(root: Path) -> dict:
@@ -144,7 +160,7 @@ def save_artifact(
 WARM_UP_QUERY = "warm-up query"
 
 
-def servable(artifact: RouterArtifact, **options: Any):
+def servable(artifact: RouterArtifact, **options: Any) -> LearnedRouter:
     """The learned router a gateway serves from ``artifact``, run once on a made-up query as a request
     runs it: its features rebuilt, P(success) predicted, the per-query output-length model run and
     each of ``options["catalog"]``'s workers estimated (predicted quality and cost), and a planner
@@ -179,8 +195,7 @@ def activate_version(root: Path, version: str, check: bool = True) -> None:
     version in force keeps the rollback target; a damaged current.json is replaced (its rollback
     target is lost with it)."""
     root = Path(root)
-    if not is_version_name(version) or not (root / version / "model.joblib").is_file():
-        raise RouterLoadError(f"no router model version {version!r} under {root}")
+    _version_dir(root, version)
     if check:
         artifact = load_version(root, version)
         try:
@@ -271,23 +286,9 @@ def save_acceptance(root: Path, model: Any, version: str | None = None) -> Path:
     if version is None:
         named = read_pointer(root).get("version")
         version = named if isinstance(named, str) else None
-    if version is None:
-        path = root / ACCEPTANCE
-    elif not is_version_name(version) or not (root / version / "model.joblib").is_file():
-        raise RouterLoadError(f"no router model version {version!r} under {root}")
-    else:
-        path = root / version / ACCEPTANCE
+    path = (root if version is None else _version_dir(root, version)) / ACCEPTANCE
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    tmp = Path(name)
-    try:
-        joblib.dump(model, tmp)
-        os.chmod(tmp, 0o644)  # every replica's user reads it
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    _replace_whole(path, lambda tmp: joblib.dump(model, tmp))
     return path
 
 

@@ -32,8 +32,9 @@ from decimal import ROUND_CEILING, Decimal
 from pathlib import Path
 from typing import Literal, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
+from gateway.ledger import append_lines, numbered_lines
 from gateway.store.health import REPLY_ERRORS, Breaker, StoreReplyError, StoreUnavailable, guarded
 from policies import Spend
 
@@ -364,9 +365,8 @@ class SpilledSpend(BaseModel):
     micros: int = Field(gt=0)
 
 
-def _spilled(raw: str) -> SpilledSettle | SpilledSpend:
-    """One spill line, checked (ValueError when it is not one: a torn write)."""
-    data = json.loads(raw)
+def _spilled(data: object) -> SpilledSettle | SpilledSpend:
+    """One spill line's JSON, checked (ValueError, pydantic's included, when it is not one)."""
     if not isinstance(data, dict):
         raise ValueError("not an object")
     model = SpilledSettle if data.get("kind") == "settle" else SpilledSpend
@@ -543,11 +543,11 @@ class RedisBudgets:
         lines = [
             SpilledSettle(
                 id=r.id, tenant=r.tenant, periods=r.periods, held=r.micros, micros=actual
-            ).model_dump_json()
+            ).model_dump()
             for r, actual in self._pending
         ]
         lines += [
-            SpilledSpend(tenant=tenant, period=period, micros=micros).model_dump_json()
+            SpilledSpend(tenant=tenant, period=period, micros=micros).model_dump()
             for (tenant, period), micros in self._unsent.items()
             if micros > 0
         ]
@@ -558,11 +558,7 @@ class RedisBudgets:
         if self.spill_path is None:
             log.error("Redis unreachable at shutdown: %d budget settles and spend records lost", len(lines))
             return 0
-        with open(self.spill_path, "a", encoding="utf-8") as fh:
-            fh.write("".join(line + "\n" for line in lines))
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.chmod(self.spill_path, 0o600)
+        append_lines(self.spill_path, lines)
         log.error(
             "Redis unreachable at shutdown: %d budget settles and spend records kept in %s",
             len(lines),
@@ -575,14 +571,12 @@ class RedisBudgets:
         if self.spill_path is None or not self.spill_path.exists():
             return
         kept = 0
-        for number, raw in enumerate(
-            self.spill_path.read_text(encoding="utf-8", errors="replace").splitlines(), 1
-        ):
-            if not raw.strip():
-                continue
+        # a line torn by a crash or a full disk is skipped with a warning by numbered_lines, as the
+        # ledger's spill is; a whole line that is no settle or spend, here
+        for number, data in numbered_lines(self.spill_path):
             try:
-                item = _spilled(raw)
-            except (ValueError, ValidationError) as exc:  # a line torn by a crash or a full disk
+                item = _spilled(data)
+            except ValueError as exc:  # pydantic's ValidationError is one
                 log.warning(
                     "%s line %d is not a kept settle or spend (%s); skipped", self.spill_path, number, exc
                 )

@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
 import threading
 from collections import deque
 from collections.abc import Iterator
@@ -25,7 +24,7 @@ from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 
-from gateway.ledger import FeedbackRecord, RequestRecord, numbered_lines
+from gateway.ledger import FeedbackRecord, RequestRecord, append_lines, numbered_lines
 from gateway.store.health import REPLY_ERRORS, Breaker, StoreUnavailable, is_unavailable, sync_guarded
 
 log = logging.getLogger("polyroute.ledger")
@@ -204,10 +203,7 @@ class RedisLedger:
         if self.spill_path is None:
             log.error("Redis unreachable at shutdown: %d ledger records lost (no spill file)", len(left))
             return
-        with open(self.spill_path, "a", encoding="utf-8") as fh:
-            for payload in left:
-                fh.write(json.dumps(payload, ensure_ascii=False, separators=(",", ":")) + "\n")
-        os.chmod(self.spill_path, 0o600)
+        append_lines(self.spill_path, left)
         log.error("Redis unreachable at shutdown: %d ledger records kept in %s", len(left), self.spill_path)
 
     def _load_spill(self) -> None:
