@@ -101,15 +101,15 @@ def detect_kind(query: str, answers: Sequence[str] = ()) -> Kind:
 # Every reader below is linear in the answer's length (answers are untrusted and read on the event
 # loop): no two quantifiers can take the same characters (`\s*` runs are separated by a required
 # token), and a letter alone on a line is found line by line, not by a MULTILINE `^\s*…\s*$`.
-_AFTER_LETTER = r"(?![A-Za-z0-9_'’])"  # "B" but not "Based", "B2" or "I'm"
-_MARKED = r"\s*(?:(?i:is)\s*)?(?::\s*)?\**([\(\[]?)([A-Ja-j])" + _AFTER_LETTER
-_ANSWER_MARK = re.compile(r"\b(?i:answer)" + _MARKED)  # "The answer is (B)", "Answer: **C**", "answer: d"
+AFTER_LETTER = r"(?![A-Za-z0-9_'’])"  # "B" but not "Based", "B2" or "I'm"
+_MARKED = r"\s*(?:(?i:is)\s*)?(?::\s*)?\**([\(\[]?)([A-Ja-j])" + AFTER_LETTER
+ANSWER_MARK = re.compile(r"\b(?i:answer)" + _MARKED)  # "The answer is (B)", "Answer: **C**", "answer: d"
 _OPTION_MARK = re.compile(r"\b(?i:option|choice)" + _MARKED)  # "the best option is C"
 _ALONE_AFTER = re.compile(r"[^\S\n]*(?:[\)\]\.:,;!?*]|\n|$)")  # nothing but punctuation after it
 _LEADING = re.compile(r"\s*[\(\[]?([A-J])(?:[\)\]\.:,]|\s|$)")  # "B", "B)", "(B)", "B. iron", "A questioning"
-_LISTED_AFTER = re.compile(r"[\)\]]?\s*(?:,|/|&|\bor\b|\band\b)\s*[\(\[]?[A-J]" + _AFTER_LETTER)  # "A or B"
-_WRAPPER = re.compile(r"\\[A-Za-z]+\{([^{}]*)\}")  # \text{B}, \textbf{B}, \mathrm{B}
-_BOXED_OPTION = re.compile(r"[\(\[]?([A-Ja-j])(?:[\)\]\.:]|$)")
+_LISTED_AFTER = re.compile(r"[\)\]]?\s*(?:,|/|&|\bor\b|\band\b)\s*[\(\[]?[A-J]" + AFTER_LETTER)  # "A or B"
+WRAPPER = re.compile(r"\\[A-Za-z]+\{([^{}]*)\}")  # \text{B}, \textbf{B}, \mathrm{B}
+BOXED_OPTION = re.compile(r"[\(\[]?([A-Ja-j])(?:[\)\]\.:]|$)")
 
 
 def last_boxed(text: str) -> str | None:
@@ -130,12 +130,12 @@ def _boxed_letter(answer: str) -> str | None:
     boxed = last_boxed(answer)
     if boxed is None:
         return None
-    core = _WRAPPER.sub(r"\1", boxed).strip(" $*\t\n")
-    found = _BOXED_OPTION.match(core)
+    core = WRAPPER.sub(r"\1", boxed).strip(" $*\t\n")
+    found = BOXED_OPTION.match(core)
     return found.group(1).upper() if found else None
 
 
-def _marked_letter(found: re.Match[str]) -> str | None:
+def marked_letter(found: re.Match[str]) -> str | None:
     """The letter after a marker; a lower-case one only when it cannot be a word: "answer: d" and
     "answer is (a)" name a letter, "the answer is a drought" does not."""
     bracket, letter = found.group(1), found.group(2)
@@ -147,13 +147,13 @@ def _marked_letter(found: re.Match[str]) -> str | None:
 def _last_answer_mark(answer: str) -> str | None:
     """The letter of the last "answer is X" / "Answer: X": a worker that corrects itself ends with it."""
     last = None
-    for found in _ANSWER_MARK.finditer(answer):
-        last = _marked_letter(found) or last
+    for found in ANSWER_MARK.finditer(answer):
+        last = marked_letter(found) or last
     return last
 
 
 def _first_option_mark(answer: str) -> str | None:
-    return next((letter for f in _OPTION_MARK.finditer(answer) if (letter := _marked_letter(f))), None)
+    return next((letter for f in _OPTION_MARK.finditer(answer) if (letter := marked_letter(f))), None)
 
 
 def _leading_letter(answer: str) -> str | None:

@@ -42,14 +42,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from router.answers import (
-    _AFTER_LETTER,
-    _ANSWER_MARK,
-    _BOXED_OPTION,
-    _WRAPPER,
+    AFTER_LETTER,
+    ANSWER_MARK,
+    BOXED_OPTION,
     FENCE,
-    _marked_letter,
+    WRAPPER,
     choice_key,
     last_boxed,
+    marked_letter,
     parse_python,
     python_source,
     span_key,
@@ -77,7 +77,7 @@ _OPTION_LINE = re.compile(r"[\(\[]?([A-J])\)")  # a line that starts "C)" or "(C
 _OPTION_NAMED = re.compile(r"(?<![A-Za-z0-9])[\(\[]?([A-J])\)")
 _B = r"[^\S\n]"  # a blank within a line: no reader crosses a line end between a marker and its letter
 # An option as a committed answer names it: "C", "C)", "(C)", "option C", "choice (C)".
-_NAMED = rf"(?:(?i:option|choice){_B}+)?[\(\[]?(?P<letter>[A-J]){_AFTER_LETTER}"
+_NAMED = rf"(?:(?i:option|choice){_B}+)?[\(\[]?(?P<letter>[A-J]){AFTER_LETTER}"
 # Other ways an answer commits to one option, each followed by the option (group "letter").
 _COMMITS = (
     # "the correct option is C", "the right choice: (C)", "the final one would be C"
@@ -109,7 +109,7 @@ _VERB = re.compile(r"\b(?:is|are|was|were|am|would|could|can|cannot|can't|does|d
 # Another option right after the one read: "A or C", "(A) or (C)", "A, C", "A) Mars or C) Jupiter".
 _OTHER_NEAR = re.compile(
     rf"[\)\]]?{_B}*(?:,|/|&|\bor\b|\band\b){_B}*(?:(?i:option|choice){_B}+)?"
-    rf"[\(\[]?(?P<letter>[A-J]){_AFTER_LETTER}"
+    rf"[\(\[]?(?P<letter>[A-J]){AFTER_LETTER}"
 )
 _OTHER_FAR = re.compile(
     rf"[\)\]](?:{_B}+[^\s,/&()\[\]]+){{1,4}}?{_B}*(?:,|\bor\b|\band\b){_B}*[\(\[]?(?P<letter>[A-J])[\)\]]"
@@ -122,7 +122,7 @@ _OTHER_BEFORE = re.compile(
 _SENTENCE_START = rf"(?:\A|(?<=[\n.;:!?…,])){_B}*(?:[-*•>]+{_B}*|\d{{1,3}}[.)]{_B}*)?"
 _LABEL = re.compile(
     _SENTENCE_START
-    + rf"(?:(?i:option|choice){_B}+[\(\[]?(?P<named>[A-J]){_AFTER_LETTER}|[\(\[](?P<bracketed>[A-J])[\)\]]"
+    + rf"(?:(?i:option|choice){_B}+[\(\[]?(?P<named>[A-J]){AFTER_LETTER}|[\(\[](?P<bracketed>[A-J])[\)\]]"
     + rf"|(?P<listed>[A-J])[\)\]]|(?P<bare>[A-J])(?={_B}+(?:is|are|was|seems)\b))"
 )
 _LINE_LABEL = re.compile(rf"(?m)^{_B}*(?:[-*•>]+{_B}*)?(?P<letter>[A-J])[.:]{_B}")
@@ -167,8 +167,8 @@ def _boxed_option(plain: str, letters: str) -> str | None:
     content = last_boxed(plain)
     if content is None:
         return None
-    core = _WRAPPER.sub(r"\1", content).strip(" $*\t\n")
-    found = _BOXED_OPTION.match(core)
+    core = WRAPPER.sub(r"\1", content).strip(" $*\t\n")
+    found = BOXED_OPTION.match(core)
     if found is None or (letter := found.group(1).upper()) not in letters:
         return None
     return "" if _another_option(core, found.end(1), letters) else letter
@@ -185,9 +185,7 @@ def _commitment(plain: str, letters: str) -> tuple[bool, str | None]:
     # the planner's marker and reading ("The answer is (B)", "Answer: C", "answer: d" but not "the
     # answer is a drought"); the markdown it allows is gone from `plain` already
     answers = [
-        (m, letter)
-        for m in _ANSWER_MARK.finditer(plain)
-        if (letter := _marked_letter(m)) and letter in letters
+        (m, letter) for m in ANSWER_MARK.finditer(plain) if (letter := marked_letter(m)) and letter in letters
     ]
     if answers:
         found, letter = answers[-1]
