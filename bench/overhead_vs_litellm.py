@@ -9,7 +9,8 @@ config.yaml model_list with an openai-compatible api_base, a master_key, `set_ve
 1/16/64 concurrent clients, non-streaming and streaming, it drives the upstream directly, polyroute
 and LiteLLM in alternating rounds for a fixed time each, and records latency, requests/s and the
 CPU seconds each server's process tree used (so requests per CPU-second compares cost per core).
-Both servers run the same number of worker processes (`--workers`, default 1).
+Both servers run one worker process (`--workers` 1: a gateway owns its data dir, so polyroute
+scales by replicas rather than by processes on one dir).
 
     .venv/bin/python bench/overhead_vs_litellm.py [--seconds 6] [--rounds 2] [--workers 1]
         [--litellm-python PATH]    # default: .venv-litellm-proxy/bin/python, created if missing
@@ -333,10 +334,14 @@ def main() -> None:
     )
     parser.add_argument("--seconds", type=float, default=6.0, help="duration of one run")
     parser.add_argument("--rounds", type=int, default=2, help="alternating rounds per load level")
-    parser.add_argument("--workers", type=int, default=1, help="worker processes for each server")
+    parser.add_argument("--workers", type=int, default=1, help="worker processes for each server (1 only)")
     parser.add_argument("--concurrency", default="1,16,64", help="comma-separated client counts")
     parser.add_argument("--litellm-python", default=None, help="python of a venv with litellm[proxy]")
     args = parser.parse_args()
+    if args.workers != 1:
+        # uvicorn --workers N would start N gateways on one data dir, and the second is refused
+        # (gateway/datadir_lock.py); polyroute scales out by replicas, each with its own data dir
+        parser.error("--workers must be 1: a polyroute gateway owns its data dir (docs/replicas.md)")
     levels = [int(c) for c in args.concurrency.split(",")]
     litellm_python = ensure_litellm_python(args.litellm_python)
     litellm_version = subprocess.run(

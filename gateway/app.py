@@ -12,6 +12,7 @@ from fastapi import FastAPI
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway import tracing
+from gateway.datadir_lock import DataDirLock
 from gateway.errors import APIError, install_error_handlers
 from gateway.routes import router
 from gateway.settings import Settings
@@ -69,10 +70,21 @@ class BodyDeadline:
         await self.app(scope, receive_in_time, send)
 
 
-def create_app(settings: Settings | None = None, catalog: Catalog | None = None) -> FastAPI:
+def create_app(
+    settings: Settings | None = None, catalog: Catalog | None = None, lock: DataDirLock | None = None
+) -> FastAPI:
+    """The app on `settings.data_dir`, which it locks first (gateway/datadir_lock.py): a second gateway
+    on that dir raises DataDirLocked here. `lock`: one the caller already holds (`polyroute serve`
+    takes it before assembling local models). The app's shutdown releases it; a start takes it again."""
     settings = settings or Settings.from_env()
-    state = build_state(settings, catalog)
-    traces = tracing.setup()  # OpenTelemetry when OTEL_EXPORTER_OTLP_ENDPOINT is set, else None
+    lock = lock or DataDirLock(settings.data_dir, settings.host, settings.port)
+    lock.acquire()  # before the data dir is read or written
+    try:
+        state = build_state(settings, catalog)
+        traces = tracing.setup()  # OpenTelemetry when OTEL_EXPORTER_OTLP_ENDPOINT is set, else None
+    except BaseException:
+        lock.release()  # e.g. a refused policy: a corrected start in this process must not find it held
+        raise
 
     async def watch_policy() -> None:
         """Hot reload: check the policy file's fingerprint; a change is validated, then swapped."""
@@ -107,7 +119,7 @@ def create_app(settings: Settings | None = None, catalog: Catalog | None = None)
                 log.exception("flushing the shared store failed; retrying")
 
     @asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+    async def serving(app: FastAPI) -> AsyncIterator[None]:
         for proc in state.local.values():
             proc.start()
         tasks = [asyncio.create_task(t()) for t in (watch_policy, watch_router, flush_stores)]
@@ -144,6 +156,14 @@ def create_app(settings: Settings | None = None, catalog: Catalog | None = None)
                 await proc.stop()
             if traces is not None:  # the last spans are sent before the process goes
                 await asyncio.to_thread(tracing.shutdown, traces)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        """The data dir's lock around the whole run, released once everything is written out; held
+        since create_app, and taken again when this app is started after a shutdown."""
+        with lock:
+            async with serving(app):
+                yield
 
     app = FastAPI(title="polyroute", version="0.1.0", lifespan=lifespan, docs_url="/docs", redoc_url=None)
     app.state.polyroute = state

@@ -180,13 +180,22 @@ def serve(
     except CatalogError as exc:
         console.print(f"[red]cannot start:[/] {exc}")
         raise typer.Exit(2) from None
+    from gateway.datadir_lock import DataDirLock, DataDirLocked
+
+    # one gateway per data dir, refused before anything under it is written (the models included)
+    lock = DataDirLock(settings.data_dir, settings.host, settings.port)
+    try:
+        lock.acquire()
+    except DataDirLocked as exc:
+        console.print(f"[red]cannot start:[/] {escape(str(exc))}", soft_wrap=True)
+        raise typer.Exit(2) from None
     if settings.local_workers:
         try:
             _prepare_local_models(catalog, Path(settings.data_dir) / "models")
         except (OSError, RuntimeError) as exc:
             console.print(f"[yellow]local model unavailable:[/] {exc} — serving without it")
     try:
-        application = create_app(settings, catalog)
+        application = create_app(settings, catalog, lock)
     except PolicyError as exc:  # e.g. the policy file of a data dir that has served is gone
         console.print(f"[red]cannot start:[/] {escape(str(exc))}")
         raise typer.Exit(2) from None
