@@ -4,7 +4,7 @@ One grader per answer type (router/probes), each reading answers the way workers
 
 | type   | reads                                                         | score                        |
 |--------|---------------------------------------------------------------|------------------------------|
-| choice | the committed letter ("C", "(C)", "The answer is C", "**C**", `\\boxed{C}`, "I'd go with C", "C is correct", a closing line "**C) Jupiter**"); none for "A or C" or a walk through the options that commits to none | 1 if it is the gold letter |
+| choice | the committed letter ("C", "(C)", "The answer is C", "**C**", `\\boxed{C}`, "I'd go with C", "C is correct", a closing line "**C) Jupiter**", else "the largest is C) Jupiter"); none for "A or C" or a walk through the options that commits to none | 1 if it is the gold letter |
 | number | `\\boxed{..}`, else after "Answer:"/"**Answer**:"/"####"/"answer is", else the last number; fractions, `1\\,234` too, and `1 234` after a marker | 1 if equal within `rel_tol` |
 | match  | the answer, SQuAD-normalised (case, punctuation, articles, accents) | 1 if an accepted answer appears in it, else token F1 (`partial: f1`) or 0 |
 | code   | the answer's Python (its fenced blocks joined, or the whole answer) | 1 if every test passes, else 0 |
@@ -106,6 +106,19 @@ _IS_RIGHT = re.compile(
     rf"{_B}+(?i:is){_B}+(?:(?i:the){_B}+)?(?:(?i:correct|right)\b|(?i:answer)\b)"
 )
 _VERB = re.compile(r"\b(?:is|are|was|were|am|would|could|can|cannot|can't|does|doesn't|has|have|seems?)\b")
+# An option stated after "is" ("the largest is C) Jupiter", "it is (C)", "the best fit is option C"):
+# how an answer that compares options states its choice ("Between A) Mars and C) Jupiter, the largest
+# is C) Jupiter."). Option forms only: after "is" a bare letter may be the article ("is A planet"), and
+# "B and C are both plausible, but the best is C" stays a hedge. Checked by _states_option.
+_IS_OPTION = re.compile(
+    rf"\b(?i:is){_B}+(?:(?i:option|choice){_B}+[\(\[]?(?P<named>[A-J]){AFTER_LETTER}"
+    rf"|[\(\[]?(?P<listed>[A-J])(?=[\)\]]))"
+)
+# "The first is A) Mars", "the other one is (B)": an option described by its place in a list, not chosen.
+_ORDINAL_BEFORE = re.compile(
+    rf"\b(?i:first|second|third|fourth|fifth|last|next|other|another)(?:{_B}+(?i:one|option|choice))?{_B}*$"
+)
+_SENTENCE_END = re.compile(r"[.!?;\n]")
 # Another option right after the one read: "A or C", "(A) or (C)", "A, C", "A) Mars or C) Jupiter".
 _OTHER_NEAR = re.compile(
     rf"[\)\]]?{_B}*(?:,|/|&|\bor\b|\band\b){_B}*(?:(?i:option|choice){_B}+)?"
@@ -158,6 +171,32 @@ def _ends_a_claim(text: str, end: int) -> bool:
     an option without choosing it."""
     rest = re.split(r"[.!?;\n]", text[end : end + 80], maxsplit=1)[0]
     return _VERB.search(rest) is None
+
+
+def _states_option(text: str, found: re.Match[str], end: int) -> bool:
+    """After "is", the option ends a statement ("the largest is C) Jupiter.", "… is C) Jupiter, not
+    A) Mars"): "what is C) made of?" asks, "the one that is A) Mars is too small" and "the closest is
+    A) Mars, which is too small" say something about the option, "the first is A) Mars" lists it."""
+    window = text[end : end + 80]
+    stop = _SENTENCE_END.search(window)
+    rest = window[: stop.start()] if stop else window
+    if (stop is not None and stop.group() == "?") or _VERB.search(rest) is not None:
+        return False
+    start = found.start()
+    return _ORDINAL_BEFORE.search(text[max(0, start - 30) : start]) is None
+
+
+def _stated_option(plain: str, letters: str) -> str | None:
+    """The option the last "… is C) Jupiter" statement names, or None when there is none or it names
+    another option as an alternative ("the largest is A) Mars or C) Jupiter"). Read only where no
+    stronger reading exists (see chosen_letter): it is the weakest form of commitment."""
+    last: tuple[str, bool] | None = None
+    for found in _IS_OPTION.finditer(plain):
+        group = "named" if found.group("named") else "listed"
+        letter, end = found.group(group), found.end(group)
+        if letter in letters and _states_option(plain, found, end):
+            last = (letter, _another_option(plain, end, letters))
+    return last[0] if last is not None and not last[1] else None
 
 
 def _boxed_option(plain: str, letters: str) -> str | None:
@@ -289,7 +328,13 @@ def chosen_letter(answer: str, letters: str) -> str | None:
     "A)" is no choice. Otherwise router.answers.choice_key on the answer without markdown (a
     leading "C) Jupiter", "option C", a line holding only "C"), else the one offered letter it names
     in brackets ("I'd pick (C) iron"); a leading option named with another as an alternative ("A)
-    Mars or C) Jupiter", "A or B") or called wrong ("A is wrong") chooses none."""
+    Mars or C) Jupiter", "A or B") or called wrong ("A is wrong") chooses none.
+
+    An answer that compares options and commits in none of those forms is read at the last option
+    it states after "is" ("Between A) Mars and C) Jupiter, the largest is C) Jupiter."), in a walk
+    and after a hedged or rejected leading option too; never over a leading option it commits to
+    ("C) Jupiter. The smallest is A) Mars." reads C), and never from a question ("A) Mars or C)
+    Jupiter? I am not sure." reads none)."""
     plain = _MARKDOWN.sub("", answer or "").replace("is:", "is")
     core = plain.strip(" .\n")
     if len(core) == 1 and core.upper() in letters:
@@ -301,16 +346,22 @@ def chosen_letter(answer: str, letters: str) -> str | None:
         return closing
     labels = _labels(plain, letters)
     if _walks_through_options(labels):
-        return _single_verdict(plain, labels) or _lone_letter_line(plain, letters)
+        return (
+            _single_verdict(plain, labels)
+            or _lone_letter_line(plain, letters)
+            or _stated_option(plain, letters)
+        )
     lead = _LEAD.match(plain)
     if lead is not None and lead.group("letter") in letters:
         if _another_option(plain, lead.end("letter"), letters) or _WRONG_LEAD.match(
             plain, lead.end("letter")
         ):
-            return None
-    chosen = choice_key(plain, letters)
+            return _stated_option(plain, letters)  # "A) Mars or C) Jupiter? The largest is C) Jupiter."
+    chosen = choice_key(plain, letters)  # before a stated option: "I think option B. The worst is A) Mars."
     if chosen is not None:
         return chosen
+    if lead is None and (stated := _stated_option(plain, letters)) is not None:
+        return stated  # no leading option: "Between A) Mars and C) Jupiter, the largest is C) Jupiter."
     named = {m.group(1) for m in _BRACKETED.finditer(plain) if m.group(1) in letters}
     return named.pop() if len(named) == 1 else None
 
