@@ -16,6 +16,7 @@ from typing import Annotated, NoReturn
 
 import typer
 from rich.console import Console
+from rich.markup import escape  # rich reads "[...]" in what it prints as markup: paths, names, errors
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
@@ -136,7 +137,7 @@ def _prepare_local_models(catalog, models_dir: Path) -> None:
                 progress.update(task, completed=done, total=total)
 
             path = resolve_gguf(worker.local.gguf, models_dir, report)
-        console.print(f"[green]model ready:[/] {path}")
+        console.print(f"[green]model ready:[/] {escape(str(path))}")
 
 
 @app.command()
@@ -167,8 +168,6 @@ def serve(
         datefmt="[%X]",
         handlers=[RichHandler(console=console, show_path=False)],
     )
-    from rich.markup import escape
-
     from gateway import Settings, create_app
     from policies import CatalogError, PolicyError, load_catalog
 
@@ -178,7 +177,7 @@ def serve(
     try:
         catalog = load_catalog(settings.workers_file)
     except CatalogError as exc:
-        console.print(f"[red]cannot start:[/] {exc}")
+        console.print(f"[red]cannot start:[/] {escape(str(exc))}")
         raise typer.Exit(2) from None
     from gateway.datadir_lock import DataDirLock, DataDirLocked
 
@@ -193,7 +192,7 @@ def serve(
         try:
             _prepare_local_models(catalog, Path(settings.data_dir) / "models")
         except (OSError, RuntimeError) as exc:
-            console.print(f"[yellow]local model unavailable:[/] {exc} — serving without it")
+            console.print(f"[yellow]local model unavailable:[/] {escape(str(exc))} — serving without it")
     try:
         application = create_app(settings, catalog, lock)
     except PolicyError as exc:  # e.g. the policy file of a data dir that has served is gone
@@ -224,7 +223,10 @@ def keys_create(
     if quiet:
         print(plaintext)
         return
-    console.print(f"created [bold]{record.id}[/] for tenant [bold]{record.tenant}[/]; the key (shown once):")
+    console.print(
+        f"created [bold]{escape(record.id)}[/] for tenant [bold]{escape(record.tenant)}[/]; "
+        "the key (shown once):"
+    )
     print(plaintext)
 
 
@@ -242,8 +244,9 @@ def keys_list(
         return
     table = Table("id", "tenant", "name", "created", "status")
     for r in records:
-        table.add_row(
-            r.id, r.tenant, r.name, r.created_at, "revoked " + r.revoked_at if r.revoked_at else "active"
+        table.add_row(  # cells are markup: a name like "[test] CI" would be lost, "[/x]" would raise
+            *map(escape, (r.id, r.tenant, r.name, r.created_at)),
+            "revoked " + r.revoked_at if r.revoked_at else "active",
         )
     Console().print(table)
 
@@ -260,9 +263,9 @@ def keys_revoke(
         with _key_store_reachable():
             record = _key_store(data_dir).revoke(key_id)
     except KeyNotFound:
-        console.print(f"[red]no key with id {key_id}[/]")
+        console.print(f"[red]no key with id {escape(key_id)}[/]")
         raise typer.Exit(1) from None
-    console.print(f"revoked {record.id} ({record.tenant}) at {record.revoked_at}")
+    console.print(f"revoked {escape(record.id)} ({escape(record.tenant)}) at {record.revoked_at}")
 
 
 @app.command()
@@ -299,8 +302,8 @@ def _workers_table(catalog) -> Table:
             str(w.input_price_per_m),
             str(w.output_price_per_m),
             str(w.active_params_b or "?"),
-            w.license,
-            w.jurisdiction or "?",
+            escape(w.license),  # free text in the catalog YAML: not markup
+            escape(w.jurisdiction or "?"),
         )
     return table
 
@@ -327,8 +330,6 @@ def policies_validate(
 ) -> None:
     """Check a policy file as the gateway would — valid, and fitting the worker catalog (judges,
     embeddings aliases, the models rules are scoped to); exit 2 with every problem named if not."""
-    from rich.markup import escape
-
     from policies import PolicyError, check_against_catalog, compile_policy
     from router.compose import WORKFLOWS
 
@@ -404,7 +405,7 @@ def policies_explain(
             assume_available=assume_available,
         )
     except (OSError, PolicyError, CatalogError, PolicyRequestError) as exc:
-        console.print(f"[red]{exc}[/]")
+        console.print(f"[red]{escape(str(exc))}[/]")
         raise typer.Exit(2) from None
     result = {"tenant": tenant, "model": model, "assume_available": assume_available, **admission.explain()}
     if as_json:
@@ -412,15 +413,17 @@ def policies_explain(
         return
     out = Console()
     out.print(
-        f"policy [bold]{admission.policy_version}[/] ({path}) · tenant [bold]{tenant}[/] · model {model}"
+        f"policy [bold]{escape(admission.policy_version)}[/] ({escape(str(path))}) · tenant "
+        f"[bold]{escape(tenant)}[/] · model {escape(model)}"
     )
-    out.print(f"data class [bold]{admission.data_class}[/] ({'; '.join(admission.data_class_reasons)})")
-    out.print(f"rules in scope: {', '.join(admission.rules_applied) or 'none'}")
+    reasons = escape("; ".join(admission.data_class_reasons))
+    out.print(f"data class [bold]{escape(admission.data_class)}[/] ({reasons})")
+    out.print(f"rules in scope: {escape(', '.join(admission.rules_applied)) or 'none'}")
     table = Table("worker", "admitted", "rule", "reason")
     for worker in admission.pool:
         table.add_row(worker.name, "[green]yes[/]", "", "")
     for exclusion in admission.excluded:
-        table.add_row(exclusion.worker, "[red]no[/]", exclusion.rule, exclusion.reason)
+        table.add_row(exclusion.worker, "[red]no[/]", escape(exclusion.rule), escape(exclusion.reason))
     out.print(table)
 
 
@@ -431,7 +434,7 @@ def _router_dir(router_dir: Path | None, data_dir: Path | None) -> Path:
 def _routellm_root(data: Path | None) -> Path:
     root = data or Path(os.environ.get("POLYROUTE_ROUTELLM_DATA") or DEFAULT_ROUTELLM)
     if not root.is_dir():
-        console.print(f"[red]no RouteLLM data at {root}[/] (give --data PATH)")
+        console.print(f"[red]no RouteLLM data at {escape(str(root))}[/] (give --data PATH)")
         raise typer.Exit(2)
     return root
 
@@ -483,15 +486,15 @@ def _check_version(root: Path, version: str) -> None:
             param_hint="--candidate",
         )
     if not (root / version).is_dir():
-        console.print(f"[red]no router version {version!r} in {root}[/] (see `polyroute router status`)")
+        console.print(
+            f"[red]no router version {version!r} in {escape(str(root))}[/] (see `polyroute router status`)"
+        )
         raise typer.Exit(1)
 
 
 def _renames(items: list[str] | None) -> dict[str, str]:
     """``--map DATASET_WORKER=CATALOG_WORKER`` options as a dict; a malformed one, or two for the same
     dataset worker (which one was meant?), exits with 2."""
-    from rich.markup import escape
-
     renames: dict[str, str] = {}
     for item in items or []:
         source, sep, target = item.partition("=")
@@ -512,8 +515,6 @@ def _renamed(workers: list[str], renames: dict[str, str]) -> list[str]:
     left as is: the model would be saved under a name no catalog worker has, and the gateway would
     never route to it. So is a map that gives two workers one name: the model would hold two columns
     for one catalog worker, and the router reads only one of them."""
-    from rich.markup import escape
-
     unknown = [source for source in renames if source not in workers]
     if unknown:
         console.print(
@@ -547,8 +548,6 @@ def _offline_catalog(workers_file: Path | None, exit_code: int):
     """The catalog of `_workers_file`, loaded before the long work: for `router train` its tiers give
     the workers their priors, for `router eval --from-ledger` its prices. A missing or invalid file (a
     typo in the option or the environment) exits with ``exit_code``; it is never silently replaced."""
-    from rich.markup import escape
-
     from policies import CatalogError, load_catalog
 
     path = _workers_file(workers_file)
@@ -567,8 +566,6 @@ def _check_router_dir(root: Path, activate: bool) -> None:
     A current.json that cannot be read is said up front too: putting the new version in force replaces
     it, as `router activate` does (its rollback target is lost with it), so the operator learns that
     before the fit, not from a changed `router status` after it."""
-    from rich.markup import escape
-
     from router import RouterLoadError, read_pointer
 
     problem = None
@@ -596,8 +593,6 @@ def _check_router_dir(root: Path, activate: bool) -> None:
 def _save_version(root: Path, artifact, activate: bool) -> Path:
     """Save the trained version, then put it in force. Activation is a separate step, so a failure
     there leaves the version on disk and says how to activate it: the training is never lost."""
-    from rich.markup import escape
-
     from router import RouterLoadError, activate_version, save_artifact
 
     try:
@@ -698,7 +693,7 @@ def _ledger_rows(
             if problem is None and replay and record["type"] == "request" and record.get("route"):
                 problem = route_problem(record["route"])
             if problem is not None:
-                console.print(f"[red]{where}: {problem}[/]")
+                console.print(f"[red]{escape(f'{where}: {problem}')}[/]")
                 raise typer.Exit(1)
             yield record
 
@@ -716,7 +711,7 @@ def _ledger_rows(
         with closing(located(warn=False)) as again:
             records = compact_records(islice(checked(again), total), scored, weights)
     except (FileNotFoundError, ValueError, RedisError) as exc:
-        console.print(f"[red]{exc}[/]")
+        console.print(f"[red]{escape(str(exc))}[/]")
         raise typer.Exit(1) from None
     return records, training_rows(iter(records), weights), source
 
@@ -794,7 +789,7 @@ def router_train(
         console.print("[red]--format trains the cascade planner: add --strategy cascade[/]")
         raise typer.Exit(2)
     if dataset is not None and dataset != "routellm":
-        console.print(f"[red]unknown dataset {dataset!r}[/] (known: routellm)")
+        console.print(f"[red]unknown dataset {escape(repr(dataset))}[/] (known: routellm)")
         raise typer.Exit(2)
     renames = _renames(map_)
     # Everything that does not need the data is checked before it is loaded and long before the fit.
@@ -815,7 +810,7 @@ def router_train(
         try:
             ds = ledger_dataset(rows)
         except ValueError as exc:
-            console.print(f"[red]{exc}[/]")
+            console.print(f"[red]{escape(str(exc))}[/]")
             raise typer.Exit(1) from None
         texts, turns, labels, workers = ds.texts, ds.turns, ds.labels, ds.workers
         for worker in workers:
@@ -842,7 +837,7 @@ def router_train(
         try:
             ds = load_routellm(data_root, parts=("mmlu", "gsm8k"))
         except (FileNotFoundError, ValueError) as exc:
-            console.print(f"[red]{exc}[/]")
+            console.print(f"[red]{escape(str(exc))}[/]")
             raise typer.Exit(1) from None
         texts, turns, labels = ds.texts, ds.turns, ds.labels
         workers = _renamed(list(ds.workers), renames)
@@ -854,7 +849,7 @@ def router_train(
         }
     tiers = {w.name: w.tier.value for w in catalog.workers if w.name in workers}
     console.print(
-        f"training on {len(texts)} queries × {len(workers)} workers ({', '.join(workers)}), "
+        f"training on {len(texts)} queries × {len(workers)} workers ({escape(', '.join(workers))}), "
         f"backend {backend}, model {model}"
     )
     try:
@@ -872,12 +867,12 @@ def router_train(
             random_state=seed,
         )
     except ValueError as exc:
-        console.print(f"[red]{exc}[/]")
+        console.print(f"[red]{escape(str(exc))}[/]")
         raise typer.Exit(1) from None
     directory = _save_version(root, artifact, activate)
     chosen = artifact.card.get("model")
     console.print(
-        f"[green]saved[/] router {artifact.version} ({chosen}) in {directory}"
+        f"[green]saved[/] router {artifact.version} ({chosen}) in {escape(str(directory))}"
         + (" — now in force" if activate else " — not activated")
     )
 
@@ -939,7 +934,7 @@ def _train_cascade(
         tiers = {w.name: w.tier.value for w in catalog.workers if w.name in ds.workers}
         console.print(
             f"training the planner and the plan table on {len(ds)} queries × {len(ds.workers)} workers "
-            f"({', '.join(ds.workers)}), backend {backend}"
+            f"({escape(', '.join(ds.workers))}), backend {backend}"
         )
         say = stage_printer(console)
         artifact = train_cascade(
@@ -953,13 +948,13 @@ def _train_cascade(
             progress=True,
         )
     except (NoAnswers, ValueError, FileNotFoundError) as exc:
-        console.print(f"[red]{exc}[/]")
+        console.print(f"[red]{escape(str(exc))}[/]")
         raise typer.Exit(1) from None
     directory = _save_version(root, artifact, activate)
     console.print(
         f"[green]saved[/] router {artifact.version} (prior {artifact.card.get('model')} + "
         f"{artifact.card.get('cascade', {}).get('strategy', 'planner').replace('_', ' ')}) in "
-        f"{directory}" + (" — now in force" if activate else " — not activated")
+        f"{escape(str(directory))}" + (" — now in force" if activate else " — not activated")
     )
 
 
@@ -972,8 +967,6 @@ def router_status(
 
     A damaged current.json is reported (exit 1) after the versions are listed: they are what an
     operator needs to repair it."""
-    from rich.markup import escape
-
     from router import RouterLoadError, list_versions, read_pointer
 
     root = _router_dir(router_dir, data_dir)
@@ -987,19 +980,23 @@ def router_status(
     out = Console()
     if damaged is None:
         out.print(
-            f"router dir {root}: in force [bold]{pointer.get('version') or 'none (rule-based router)'}[/], "
-            f"previous {pointer.get('previous') or '-'}"
+            f"router dir {escape(str(root))}: in force "
+            f"[bold]{escape(str(pointer.get('version') or 'none (rule-based router)'))}[/], "
+            f"previous {escape(str(pointer.get('previous') or '-'))}"
         )
     else:
-        out.print(f"router dir {root}: in force [bold red]unknown[/] (current.json is damaged, see below)")
+        out.print(
+            f"router dir {escape(str(root))}: in force [bold red]unknown[/] "
+            "(current.json is damaged, see below)"
+        )
     table = Table("version", "model", "rows", "workers", "created")
     for card in list_versions(root):
-        table.add_row(
-            card.get("version", "?"),
-            str(card.get("model", "?")),
-            str(card.get("rows", "?")),
-            ", ".join(card.get("workers", [])),
-            str(card.get("created_at", "?")),
+        table.add_row(  # a card is a file on disk: its text is not markup
+            escape(str(card.get("version", "?"))),
+            escape(str(card.get("model", "?"))),
+            escape(str(card.get("rows", "?"))),
+            escape(", ".join(map(str, card.get("workers", [])))),
+            escape(str(card.get("created_at", "?"))),
         )
     out.print(table)
     if damaged is not None:
@@ -1021,7 +1018,7 @@ def router_rollback(
     try:
         version = rollback(_router_dir(router_dir, data_dir))
     except RouterLoadError as exc:
-        console.print(f"[red]{exc}[/]")
+        console.print(f"[red]{escape(str(exc))}[/]")
         raise typer.Exit(1) from None
     console.print(f"router {version} is in force again")
 
@@ -1041,7 +1038,7 @@ def router_activate(
     try:
         activate_version(_router_dir(router_dir, data_dir), version)
     except RouterLoadError as exc:
-        console.print(f"[red]{exc}[/]")
+        console.print(f"[red]{escape(str(exc))}[/]")
         raise typer.Exit(1) from None
     console.print(f"router {version} is in force")
 
@@ -1177,7 +1174,7 @@ def router_eval(
         )
         return
     if dataset != "routellm":
-        console.print(f"[red]unknown dataset {dataset!r}[/] (known: routellm)")
+        console.print(f"[red]unknown dataset {escape(repr(dataset))}[/] (known: routellm)")
         raise typer.Exit(2)
     from router.offline import run_routellm_eval
     from router.offline.single import quality_fit_predict
@@ -1190,9 +1187,9 @@ def router_eval(
     try:
         run_routellm_eval(fit_predict, _routellm_root(data), out, plot, seed=seed)
     except (FileNotFoundError, ValueError) as exc:
-        console.print(f"[red]{exc}[/]")
+        console.print(f"[red]{escape(str(exc))}[/]")
         raise typer.Exit(1) from None
-    console.print(f"wrote {out} and {plot}")
+    console.print(f"wrote {escape(f'{out} and {plot}')}")
 
 
 def _onboard_options(
@@ -1249,19 +1246,19 @@ def _router_eval_ledger(
             artifact, feature_builder_for(artifact.features), catalog={w.name: w for w in catalog.workers}
         )
     except RouterLoadError as exc:
-        console.print(f"[red]{exc}[/]")
+        console.print(f"[red]{escape(str(exc))}[/]")
         raise typer.Exit(1) from None
     try:
         report = evaluate_candidate(router, rows, catalog, confidence)
     except ValueError as exc:
-        console.print(f"[red]{exc}[/]")
+        console.print(f"[red]{escape(str(exc))}[/]")
         raise typer.Exit(1) from None
     report = {"ledger": source, "weights": weights, **report}
     _print_ips_report(report)
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(_strict_json(report), indent=2, allow_nan=False) + "\n")
-        console.print(f"wrote {out}")
+        console.print(f"wrote {escape(str(out))}")
 
 
 def _strict_json(value):
@@ -1303,7 +1300,7 @@ def _print_ips_report(report: dict) -> None:
         f"{report['effective_sample_size']:.1f}"
     )
     for reason, count in report["skipped"].items():
-        out.print(f"skipped {count}: {reason}")
+        out.print(f"skipped {count}: {escape(str(reason))}")
     if report["support"] < 1:
         out.print(
             f"[yellow]on {1 - report['support']:.1%} of requests the logging policy could never have chosen the "
@@ -1335,15 +1332,15 @@ def _router_eval_cascade(
     try:
         report = run_gsm8k_cascade(source, out, plot, seed=seed, console=Console())
     except (FileNotFoundError, ValueError) as exc:
-        console.print(f"[red]{exc}[/]")
+        console.print(f"[red]{escape(str(exc))}[/]")
         raise typer.Exit(1) from None
-    console.print(f"acceptance model AUC {report['acceptance_auc']:.3f}; wrote {out} and {plot}")
+    console.print(f"acceptance model AUC {report['acceptance_auc']:.3f}; wrote {escape(f'{out} and {plot}')}")
     if save:
         saved = fit_and_save_acceptance(source, router_root, seed)
         where = "router version " + saved.parent.name if saved.parent != router_root else "the router dir"
         console.print(
-            f"saved the acceptance model to {saved}, in {where} (the gateway's cascade verifier "
-            "'model'; a rollback of that version rolls it back)"
+            f"saved the acceptance model to {escape(str(saved))}, in {escape(where)} "
+            "(the gateway's cascade verifier 'model'; a rollback of that version rolls it back)"
         )
 
 
@@ -1392,9 +1389,9 @@ def _router_eval_files(
             worker, probes, repeats = onboard
             run_onboard_eval(fmt, train, test, out, worker=worker, probes=probes, repeats=repeats, **common)
     except (ValueError, FileNotFoundError) as exc:
-        console.print(f"[red]{exc}[/]")
+        console.print(f"[red]{escape(str(exc))}[/]")
         raise typer.Exit(1) from None
-    console.print(f"wrote {out}" + (f" and {plot}" if plot else ""))
+    console.print(f"wrote {escape(str(out))}" + (f" and {escape(str(plot))}" if plot else ""))
 
 
 @router_app.command("split")
@@ -1413,10 +1410,10 @@ def router_split(
     try:
         counts = write_split(fmt, input_, out_dir, test_fraction, seed)
     except (ValueError, FileNotFoundError) as exc:
-        console.print(f"[red]{exc}[/]")
+        console.print(f"[red]{escape(str(exc))}[/]")
         raise typer.Exit(1) from None
     for path, rows in counts.items():
-        console.print(f"{rows:6d} rows  {path}")
+        console.print(f"{rows:6d} rows  {escape(str(path))}")
 
 
 @ledger_app.command("export")
@@ -1456,7 +1453,7 @@ def ledger_export(
         console=console,
         transient=True,
     ) as progress:
-        task = progress.add_task("export", source=source, total=None)
+        task = progress.add_task("export", source=escape(source), total=None)
         tick = lambda: progress.advance(task)  # noqa: E731
         try:
             if fmt == "parquet":
@@ -1464,14 +1461,17 @@ def ledger_export(
             else:
                 count = write_jsonl(records, out, tick)
         except FileNotFoundError as exc:
-            console.print(f"[red]{exc}[/]")
+            console.print(f"[red]{escape(str(exc))}[/]")
             raise typer.Exit(1) from None
         except Exception as exc:
             if type(exc).__module__.startswith("redis"):
-                console.print(f"[red]cannot read the ledger from Redis: {exc}[/]")
+                console.print(f"[red]cannot read the ledger from Redis: {escape(str(exc))}[/]")
                 raise typer.Exit(1) from None
             raise
-    console.print(f"exported {count} records from {source} as {fmt}" + (f" to {out}" if out else ""))
+    console.print(
+        f"exported {count} records from {escape(source)} as {fmt}"
+        + (f" to {escape(str(out))}" if out else "")
+    )
 
 
 if __name__ == "__main__":

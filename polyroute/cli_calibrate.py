@@ -22,6 +22,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -40,7 +41,9 @@ def _usd(value: Decimal) -> str:
 
 
 def _fail(message: str, code: int = 2) -> typer.Exit:
-    console.print(f"[red]{message}[/]")
+    """One line on stderr, markup-free: it quotes paths, options and errors, whose brackets ("[draft]",
+    "[/x]", a pattern's "[a-z]") rich would read as markup, dropping them or raising MarkupError."""
+    console.print(message, style="red", markup=False, soft_wrap=True)
     return typer.Exit(code)
 
 
@@ -66,8 +69,9 @@ def _spent(spent: Decimal, cap: Decimal) -> str:
 
 
 def _excluded(plan) -> str:
+    """Markup-escaped: the rules' ids and reasons are the policy author's text."""
     return "; ".join(
-        f"{worker}: {n} pairs by rule {rule} ({plan.reasons[rule]})"
+        escape(f"{worker}: {n} pairs by rule {rule} ({plan.reasons[rule]})")
         for worker, rules in plan.excluded.items()
         for rule, n in rules.items()
     )
@@ -76,7 +80,7 @@ def _excluded(plan) -> str:
 def _lost(plan, dry_run: bool) -> str:
     """The one line on calls earlier runs left in flight (killed before recording their outcome)."""
     n = len(plan.lost)
-    workers = ", ".join(sorted({call.worker for call in plan.lost}))
+    workers = escape(", ".join(sorted({call.worker for call in plan.lost})))
     calls, were, them, holds = (
         ("calls", "were", "them", "their holds") if n > 1 else ("call", "was", "it", "its hold")
     )
@@ -94,12 +98,12 @@ def _print_plan(plan, cap: Decimal, seed: int, dry_run: bool = False) -> Decimal
     kinds: dict[str, int] = {}
     for probe in plan.probes:
         kinds[probe.type] = kinds.get(probe.type, 0) + 1
+    source = escape(f"{plan.probe_set.path} ({plan.probe_set.version}, seed {seed})")
     console.print(
-        f"{len(plan.probes)} probes from {plan.probe_set.path} ({plan.probe_set.version}, seed {seed}): "
-        + ", ".join(f"{n} {kind}" for kind, n in kinds.items())
+        f"{len(plan.probes)} probes from {source}: " + ", ".join(f"{n} {kind}" for kind, n in kinds.items())
     )
     for name, reason in plan.unavailable.items():
-        console.print(f"[yellow]skipping {name}[/]: {reason}")
+        console.print(f"[yellow]skipping {escape(name)}[/]: {escape(reason)}")
     if plan.done:
         console.print(f"resuming: {plan.done} (worker, probe) pairs were graded by an earlier run")
     if plan.excluded:
@@ -160,6 +164,8 @@ def _short(text: str, limit: int = 80) -> str:
 
 
 def _print_result(result, plan) -> None:
+    """The run's table and notes. Table cells are rich markup: the policy's reasons and the workers'
+    error texts ("[Errno 111] …", a provider's "[/…]") are escaped."""
     table = Table("worker", "graded", "mean score", "errors", "skipped by policy", "spent")
     for worker in plan.workers:
         tally = result.tallies[worker.name]
@@ -173,8 +179,8 @@ def _print_result(result, plan) -> None:
             worker.name,
             str(tally.graded),
             f"{tally.mean:.2f}" if tally.mean is not None else "-",
-            f"{tally.errors}" + (f" (last: {_short(tally.last_error)})" if tally.last_error else ""),
-            skipped or "-",
+            f"{tally.errors}" + (f" (last: {escape(_short(tally.last_error))})" if tally.last_error else ""),
+            escape(skipped) or "-",
             _usd(tally.spent),
         )
     console.print(table)
@@ -185,7 +191,7 @@ def _print_result(result, plan) -> None:
                 f"its hold, the most it could cost ({_usd(tally.booked)} in all); the provider's bill may differ"
             )
     for name, reason in result.unavailable.items():
-        console.print(f"[yellow]{name} was not called[/]: {reason}")
+        console.print(f"[yellow]{name} was not called[/]: {escape(reason)}")
     for name, tally in result.tallies.items():
         if tally.gave_up:
             console.print(
@@ -213,15 +219,25 @@ def calibrate_command(
     probe_file: Annotated[
         Path | None, typer.Option(help="a probe file (JSON lines) [default: the shipped set]")
     ] = None,
-    workers_file: Annotated[Path | None, typer.Option(help="worker catalog YAML")] = None,
-    router_dir: Annotated[Path | None, typer.Option(help="model store [default: <data dir>/router]")] = None,
+    # the help of cli.py's WorkersFile and RouterDir (cli.py imports this module, so not from there):
+    # Settings.from_env reads these variables when the options are not given, as `serve` does
+    workers_file: Annotated[
+        Path | None,
+        typer.Option(
+            help="worker catalog YAML [env POLYROUTE_WORKERS_FILE, default: embedded], as `serve` reads it"
+        ),
+    ] = None,
+    router_dir: Annotated[
+        Path | None, typer.Option(help="model store [env POLYROUTE_ROUTER_DIR] [default: <data dir>/router]")
+    ] = None,
     data_dir: Annotated[
         Path | None,
         typer.Option("--data-dir", help="state directory [env POLYROUTE_DATA_DIR, default .polyroute]"),
     ] = None,
 ) -> None:
     """Measure workers on labelled probes through the gateway's worker path, grade them into the ledger
-    (source: calibration), fit their vectors and put the new router in force. A rerun resumes."""
+    (source: calibration), fit their vectors and put the new router in force. A rerun resumes. Reads
+    the settings a gateway would (POLYROUTE_* env vars, REDIS_URL): its policy, ledger and workers."""
     from gateway import Settings
     from policies import CatalogError, load_catalog
     from polyroute.calibrate import (
@@ -340,10 +356,10 @@ def calibrate_command(
 
             prior_error = try_install_shipped_prior(root)
             if prior_error:
-                console.print(f"[yellow]{prior_error}[/]")
+                console.print(f"[yellow]{escape(prior_error)}[/]")
     with console.status("fitting the workers' vectors …"):
         fit = fit_workers(root, _records(settings), probe_set, [w.name for w in plan.workers])
     colour = {"fitted": "green", "unchanged": "green", "no_labels": "yellow", "no_router": "yellow"}
-    console.print(f"[{colour.get(fit.status, 'red')}]{fit.message}[/]")
+    console.print(f"[{colour.get(fit.status, 'red')}]{escape(fit.message)}[/]")
     if (result is not None and result.errors) or fit.status == "failed":
         raise typer.Exit(1)

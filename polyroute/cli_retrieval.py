@@ -88,7 +88,10 @@ def ingest_command(
             help="gateway URL [env POLYROUTE_BASE_URL, else 127.0.0.1 on POLYROUTE_PORT, default 8400]",
         ),
     ] = None,
-    api_key: Annotated[str | None, typer.Option("--api-key", help="[env POLYROUTE_API_KEY]")] = None,
+    api_key: Annotated[
+        str | None,
+        typer.Option("--api-key", help="a polyroute API key (keys create) [env POLYROUTE_API_KEY]"),
+    ] = None,
 ) -> None:
     """Ingest .txt, .md, .pdf and .html files into a collection (idempotent: ids are the relative paths)."""
     import httpx
@@ -103,7 +106,7 @@ def ingest_command(
     root = directory if directory.is_dir() else directory.parent
     files = _files(directory)
     if not files:
-        console.print(f"[yellow]no {', '.join(SUPPORTED)} files under {directory}[/yellow]")
+        console.print(f"[yellow]no {', '.join(SUPPORTED)} files under {escape(str(directory))}[/yellow]")
         raise typer.Exit(1)
     counts = {"created": 0, "updated": 0, "unchanged": 0}
     errors: list[tuple[str, str]] = []
@@ -122,7 +125,7 @@ def ingest_command(
             console=console,
         ) as progress,
     ):
-        task = progress.add_task("ingest", total=len(files), name=collection, rate="")
+        task = progress.add_task("ingest", total=len(files), name=escape(collection), rate="")
         started = time.perf_counter()
         done = 0
         for number, batch in enumerate(batches, 1):
@@ -133,14 +136,15 @@ def ingest_command(
             try:
                 response = http.post(endpoint, files=upload)
             except httpx.HTTPError as exc:
-                console.print(f"[red]cannot reach the gateway at {url}: {exc}[/red]")
+                console.print(f"[red]cannot reach the gateway at {escape(f'{url}: {exc}')}[/red]")
                 raise typer.Exit(2) from None
             body = _ingest_answer(response)
             if body is None:  # refused as a whole (by the gateway, or a proxy in front of it)
                 size = sum(p.stat().st_size for p in batch)
                 progress.console.print(
                     f"[red]✗ batch {number} of {len(batches)} ({len(batch)} files, {size / 1e6:.1f} MB) "
-                    f"was not ingested: HTTP {response.status_code} from {endpoint}: {escape(_excerpt(response))}[/red]"
+                    f"was not ingested: HTTP {response.status_code} from {escape(endpoint)}: "
+                    f"{escape(_excerpt(response))}[/red]"
                 )
                 if response.status_code == 413:
                     progress.console.print(
@@ -158,9 +162,8 @@ def ingest_command(
                     chunks += item.get("chunks", 0)
             for err in body.get("errors", []):
                 errors.append((err.get("file") or err.get("id") or "?", err.get("message", "")))
-                progress.console.print(
-                    f"[red]✗ {err.get('file') or err.get('id')}: {err.get('message')}[/red]"
-                )
+                said = f"{err.get('file') or err.get('id')}: {err.get('message')}"
+                progress.console.print(f"[red]✗ {escape(said)}[/red]")  # a file "notes [draft].md"
             done += len(batch)
             elapsed = max(time.perf_counter() - started, 1e-9)
             progress.update(
@@ -169,7 +172,7 @@ def ingest_command(
                 rate=f"{done / elapsed:,.1f} files/s, {chunks / elapsed:,.0f} chunks/s",
             )
     console.print(
-        f"{collection}: {counts['created']} created, {counts['updated']} updated, "
+        f"{escape(collection)}: {counts['created']} created, {counts['updated']} updated, "
         f"{counts['unchanged']} unchanged ({chunks} chunks written); {len(errors)} failed"
         + (f"; {len(not_sent)} not ingested" if not_sent else "")
     )
@@ -221,7 +224,11 @@ def eval_command(
         Path | None, typer.Option(help="keep the ingested corpus here and reuse it on the next run")
     ] = None,
     out: Annotated[
-        Path | None, typer.Option(help="JSON report [default <data dir>/results/retrieval_eval_<name>.json]")
+        Path | None,
+        typer.Option(
+            help="JSON report [default <data dir>/results/retrieval_eval_<name>.json, data dir: "
+            "env POLYROUTE_DATA_DIR, default .polyroute]"
+        ),
     ] = None,
 ) -> None:
     """nDCG@10, Recall@100 and p50/p99 latency for BM25, dense, BM25→dense and RRF; disclosure savings."""
@@ -229,14 +236,14 @@ def eval_command(
     from retrieval.evaluate import EVAL_ORDER, METHOD_LABELS, SUBSETS, default_split, evaluate
 
     if split is not None and split not in ("train", "test"):
-        console.print(f"[red]--split must be train or test, not {split!r}[/red]")
+        console.print(f"[red]--split must be train or test, not {escape(repr(split))}[/red]")
         raise typer.Exit(2)
     if subset not in SUBSETS:
-        console.print(f"[red]--subset must be one of {', '.join(SUBSETS)}, not {subset!r}[/red]")
+        console.print(f"[red]--subset must be one of {', '.join(SUBSETS)}, not {escape(repr(subset))}[/red]")
         raise typer.Exit(2)
     split = split or default_split(dataset)
     if not (dataset / "qrels" / f"{split}.tsv").exists():
-        console.print(f"[red]{dataset} has no qrels/{split}.tsv[/red]")
+        console.print(f"[red]{escape(f'{dataset} has no qrels/{split}.tsv')}[/red]")
         raise typer.Exit(2)
 
     with Progress(
@@ -277,7 +284,7 @@ def eval_command(
         )
     label = result["split"] + ("" if result["subset"] == "all" else f" ({result['subset']} half)")
     table = Table(
-        title=f"{result['name']} {label}: {result['corpus_docs']} docs, {result['chunks']} chunks, "
+        title=f"{escape(result['name'])} {label}: {result['corpus_docs']} docs, {result['chunks']} chunks, "
         f"{result['queries']} queries; ingest {result['ingest_s']:.0f} s (embedding "
         f"{result['ingest_embed_s']:.0f} s, indexing {result['ingest_index_s']:.1f} s)"
     )
@@ -325,4 +332,4 @@ def eval_command(
     path = out or results_dir() / f"retrieval_eval_{result['name']}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=2) + "\n")
-    console.print(f"wrote {path}")
+    console.print(f"wrote {escape(str(path))}")
