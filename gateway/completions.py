@@ -41,10 +41,12 @@ from gateway.store import (
 )
 from gateway.upstream import (
     Attempt,
+    CallScope,
     Completion,
     OpenStream,
     WorkerError,
     attempts_header,
+    calling,
     given_up,
     with_attempts,
 )
@@ -551,6 +553,14 @@ class Exchange:
     excluded: dict[str, str] = field(default_factory=dict)
     request: Request | None = None  # the client's, watched for a hang-up while workers are called
     gone: bool = False  # the client hung up: no further attempt starts, and the ledger says 499
+    # fast mode's worker calls' scope (gateway/upstream.py CallScope): `readmit` before each retry,
+    # and the calls the request's deadline cut short
+    calls: CallScope = field(init=False)
+    # those calls, labelled with what cut them (`cut_at_deadline`): after `failures`' in the attempts
+    cut: list[Attempt] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.calls = CallScope(readmit=self.readmit)
 
     async def admits(self, worker) -> bool:
         """Whether the policy in force still admits ``worker`` for this request (see `admissible`),
@@ -559,6 +569,15 @@ class Exchange:
         never undone downstream, the newer one included; the check fails closed). One it no longer
         admits is kept in `excluded`, with why, as a workflow's `Run.admits` keeps it."""
         return await still_admitted(self.admissible, self.excluded, worker)
+
+    async def readmit(self, worker) -> str | None:
+        """`admits` as the retry loop asks it before retrying the same worker: None, or why not."""
+        return None if await self.admits(worker) else self.excluded[worker.name]
+
+    def cut_at_deadline(self) -> None:
+        """The request's deadline cut fast mode short: the call it cut (and that worker's calls
+        retried before it) go on the books as cut by the deadline, the status a stream it cuts gets."""
+        self.cut = self.calls.cut_by("deadline", STREAM_STATUS["deadline"])
 
     @property
     def held_micros(self) -> int:
@@ -920,9 +939,18 @@ async def first_success(
     left for `Exchange.finish` to settle. `failures` (if given) is filled as attempts fail, so a
     caller whose deadline cuts this short still knows what was tried. Before each attempt the policy
     in force is asked again (`Exchange.admits`: a reload may have excluded the worker since the
-    request was admitted), and once the client has hung up (`Exchange.gone`) no attempt starts.
+    request was admitted), and before each retry of the same worker too (`Exchange.readmit`, which
+    the retry loop asks through `Exchange.calls`); once the client has hung up (`Exchange.gone`) no
+    attempt starts.
     """
     failures = [] if failures is None else failures
+    with calling(ex.calls):  # each retry asks the policy in force too; a deadline's cut is kept
+        return await _first_success(state, ex, call, failures)
+
+
+async def _first_success(
+    state: AppState, ex: Exchange, call, failures: list[WorkerError]
+) -> tuple[object | None, list[WorkerError]]:
     too_long_for = 0  # the largest context window a worker found this prompt too long for
     for worker in ex.decision.workers:
         if worker.name in ex.skip:
@@ -1008,12 +1036,15 @@ class StreamDeadline:
         self._timer.cancel()
 
 
-def _deadline_error(state: AppState, failures: list[WorkerError]) -> APIError:
+def _deadline_error(state: AppState, failures: list[WorkerError], cut: list[Attempt]) -> APIError:
     tried = "; ".join(f"{f.worker}: {f.message}" for f in failures)
+    cut_short = next(
+        (f", which cut the call of {a.worker} short" for a in cut if a.outcome == "deadline"), ""
+    )
     return APIError(
         504,
         f"No worker answered within the request's deadline of {state.settings.request_timeout_s:g} s "
-        f"(retries and fallbacks included){'; before that: ' + tried if tried else ''}",
+        f"(retries and fallbacks included){cut_short}{'; before that: ' + tried if tried else ''}",
         type="server_error",
         code="request_timeout",
     )
@@ -1065,7 +1096,8 @@ async def _complete(state: AppState, ex: Exchange) -> Response:
     try:
         result, failures = await _within(ex.remaining(state), first_success(state, ex, call, failures))
     except DeadlinePassed:
-        result, late = None, _deadline_error(state, failures)
+        ex.cut_at_deadline()
+        result, late = None, _deadline_error(state, failures, ex.cut)
     finally:
         if watcher is not None:  # its read of the connection ends before the response's begins
             watcher.cancel()
@@ -1125,7 +1157,7 @@ def _degraded_trace(ex: Exchange, worker: str | None, usage, failures: list[Work
         )
     if ex.excluded:
         trace = {**(trace or {}), "excluded_by_policy": dict(ex.excluded)}
-    return with_attempts(trace, given_up(failures, usage))
+    return with_attempts(trace, [*given_up(failures, usage), *ex.cut])
 
 
 def _answer_trace(ex: Exchange, result: Completion, failures: list[WorkerError]) -> dict | None:
@@ -1193,7 +1225,7 @@ async def _failed(
         **ex.headers,
         **err.headers,
         **_left_out(ex),
-        **attempts_header(given_up(failures)),
+        **attempts_header([*given_up(failures), *ex.cut]),
         "x-polyroute-cost-usd": format_cost(ex.settled.cost_usd),
         "x-polyroute-worker": worker,
     }
@@ -1230,7 +1262,8 @@ async def _stream(state: AppState, ex: Exchange) -> Response:
     try:
         stream, failures = await _within(ex.remaining(state), first_success(state, ex, call, failures))
     except DeadlinePassed:  # before the first byte: a plain 504
-        return await _failed(state, ex, failures, _deadline_error(state, failures))
+        ex.cut_at_deadline()
+        return await _failed(state, ex, failures, _deadline_error(state, failures, ex.cut))
     if stream is None:
         return await _failed(state, ex, failures)
     assert isinstance(stream, OpenStream)

@@ -56,7 +56,7 @@ from gateway.errors import APIError, error_response
 from gateway.ledger import RequestRecord
 from gateway.state import AppState
 from gateway.store import BudgetExceeded, Limit, Reservation, StoreReplyError, StoreUnavailable, to_micros
-from gateway.upstream import WorkerError
+from gateway.upstream import Attempt, CallScope, WorkerError, attempts_header, calling, with_attempts
 from policies import Admission, PolicyRequest, Worker
 from policies.admission import BUDGET_RULE_PREFIX
 from policies.catalog import Kind
@@ -210,6 +210,7 @@ async def _in_embed_thread(fn, *args):
 class Embedded:
     vectors: np.ndarray  # [inputs, dimensions] float32
     prompt_tokens: int
+    attempts: tuple[Attempt, ...] = ()  # the worker's calls given up before this answer (retried)
 
 
 class UpstreamShapeError(Exception):
@@ -317,7 +318,10 @@ async def _call_remote(
         usage = raw.get("usage") or {}
         return Embedded(vectors, int(usage.get("prompt_tokens") or 0))
 
-    return await state.client._with_retries(worker, attempt)
+    failed: list[Attempt] = []
+    result = await state.client._with_retries(worker, attempt, failed)
+    result.attempts = tuple(failed)
+    return result
 
 
 # ---------------------------------------------------------------------------------- the request
@@ -541,12 +545,15 @@ class _Books:
         return micros
 
 
-async def _failed(state: AppState, books: _Books, err: APIError, headers: dict[str, str], trace) -> Response:
+async def _failed(
+    state: AppState, books: _Books, err: APIError, headers: dict[str, str], trace, attempts=()
+) -> Response:
     """The worker was called and did not answer: the hold goes (nothing is billed), one access line,
-    one ledger record, the error in OpenAI's shape."""
-    err.headers = {**headers, **err.headers, "x-polyroute-cost-usd": "0"}
+    one ledger record, the error in OpenAI's shape; its calls given up (``attempts``: retried, or cut
+    by the deadline) in the trace and the header, as chat's are."""
+    err.headers = {**headers, **err.headers, **attempts_header(attempts), "x-polyroute-cost-usd": "0"}
     tracing.error(err, headers)
-    await books.finish(state, err.status, trace=trace)
+    await books.finish(state, err.status, trace=with_attempts(trace, attempts))
     state.metrics.errors.labels(err.code or err.type).inc()
     state.metrics.observe_latency(books.started)
     return error_response(err)
@@ -620,12 +627,16 @@ async def embeddings(request: Request) -> Response:
 
 async def _answer(state, books: _Books, body, worker, inputs, texts, local_counts, headers) -> Response:
     trace = {"inputs": len(inputs), "dimensions": body.dimensions or worker.dimensions}
+    calls = CallScope()  # keeps the calls the deadline cuts short (gateway/upstream.py)
     try:
         try:
             async with asyncio.timeout(
                 max(0.0, books.started + state.settings.request_timeout_s - time.perf_counter())
             ):
-                with tracing.worker_call("embeddings", worker, state.api_base(worker)) as call:
+                with (
+                    tracing.worker_call("embeddings", worker, state.api_base(worker)) as call,
+                    calling(calls),
+                ):
                     if worker.embedder is not None:
                         vectors = await _in_embed_thread(_encode_local, worker, texts)
                         result = Embedded(vectors, sum(local_counts or ()))
@@ -635,7 +646,7 @@ async def _answer(state, books: _Books, body, worker, inputs, texts, local_count
                     if call is not None:
                         call.usage(result.prompt_tokens)
         except WorkerError as exc:
-            return await _failed(state, books, _worker_error(exc), headers, trace)
+            return await _failed(state, books, _worker_error(exc), headers, trace, exc.attempts)
         except TimeoutError:
             err = APIError(
                 504,
@@ -644,7 +655,7 @@ async def _answer(state, books: _Books, body, worker, inputs, texts, local_count
                 type="server_error",
                 code="request_timeout",
             )
-            return await _failed(state, books, err, headers, trace)
+            return await _failed(state, books, err, headers, trace, calls.cut_by("deadline", 504))
         except Exception:
             if worker.embedder is None:
                 raise
@@ -656,14 +667,16 @@ async def _answer(state, books: _Books, body, worker, inputs, texts, local_count
             return await _failed(state, books, err, headers, trace)
         cost = worker.cost_usd(result.prompt_tokens, 0)
         state.metrics.record_usage(worker.name, result.prompt_tokens, 0, cost)
-        await books.finish(state, 200, result.prompt_tokens, cost, trace=trace)
+        await books.finish(
+            state, 200, result.prompt_tokens, cost, trace=with_attempts(trace, result.attempts)
+        )
     except BaseException:  # cancelled (client gone) or a bug: no hold outlives the request
         if books.hold is not None:
             hold, books.hold = books.hold, None
             await asyncio.shield(state.stores.budgets.release(hold))
         raise
     state.metrics.observe_latency(books.started)
-    headers = {**headers, "x-polyroute-cost-usd": format_cost(cost)}
+    headers = {**headers, **attempts_header(result.attempts), "x-polyroute-cost-usd": format_cost(cost)}
     return Response(
         orjson.dumps(
             _body(worker, result, body.encoding_format or "float"), option=orjson.OPT_SERIALIZE_NUMPY

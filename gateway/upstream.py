@@ -22,8 +22,10 @@ import asyncio
 import logging
 import math
 import time
-from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass, field, replace
 from decimal import Decimal
 from email.utils import parsedate_to_datetime
 from typing import Any
@@ -132,6 +134,9 @@ class Attempt:
 
 
 ATTEMPTS_HEADER = "x-polyroute-attempts"  # the calls given up on the way to the answer (or the error)
+# The outcome of a call a cancellation cut short, until its caller, who knows what cut it (the
+# request's deadline, ...), says so (`CallScope.cut_by`); 503 as a request cancelled at shutdown.
+CANCELLED = "cancelled"
 # A request that never left: the connection (or a pooled one, or TLS) could not be had.
 NOT_SENT = (
     aiohttp.ClientConnectorError,  # refused, unreachable, DNS, TLS handshake
@@ -199,6 +204,48 @@ def with_attempts(trace: dict | None, attempts: Sequence[Attempt]) -> dict | Non
     trace = dict(trace or {})
     trace["attempts"] = [*trace.get("attempts", ()), *(a.trace() for a in attempts)]
     return trace
+
+
+# Asked before each retry of a worker: None, or why the policy in force no longer admits it for the
+# request (gateway/readmit.py; the shape of router.compose.base.Admissible).
+Readmit = Callable[[Worker], Awaitable[str | None]]
+
+
+@dataclass(slots=True)
+class CallScope:
+    """What one request's worker calls share with the retry loop (`WorkerClient._with_retries`)
+    without this module knowing the request: set by the caller around its calls (`calling`), so the
+    code between (memory rounds) need not pass it on.
+
+    - ``readmit`` is asked before each retry: a policy reload between two calls of the same worker
+      may have excluded it, and a retry is a call like any other (a policy decision is never undone
+      downstream). A worker no longer admitted is not called again: its last failure is final, and
+      its message says it was not retried (the caller's readmit keeps why).
+    - ``cut`` receives the given-up calls of a worker whose call a cancellation cut short (the
+      request's deadline): its calls retried before, then the one in flight (outcome `CANCELLED`).
+      A cancellation carries no WorkerError, so these were lost, and with them the calls the
+      provider may bill; the caller names what cut them with `cut_by`.
+    """
+
+    readmit: Readmit | None = None
+    cut: list[Attempt] = field(default_factory=list)
+
+    def cut_by(self, outcome: str, status: int) -> list[Attempt]:
+        """The cut calls, the one in flight labelled with what cut it (e.g. "deadline", 504)."""
+        return [replace(a, outcome=outcome, status=status) if a.outcome == CANCELLED else a for a in self.cut]
+
+
+_SCOPE: ContextVar[CallScope | None] = ContextVar("polyroute_call_scope", default=None)
+
+
+@contextmanager
+def calling(scope: CallScope) -> Iterator[CallScope]:
+    """Make the worker calls inside (in this task, and tasks it starts) under ``scope``."""
+    token = _SCOPE.set(scope)
+    try:
+        yield scope
+    finally:
+        _SCOPE.reset(token)
 
 
 def attempts_header(attempts: Sequence[Attempt]) -> dict[str, str]:
@@ -534,6 +581,48 @@ class EmptyAnswer(Exception):
         self.completion_tokens = completion_tokens
 
 
+class StreamCut(Exception):
+    """A stream whose provider ended it before the answer did: no finish reason came (an Anthropic
+    stream closed cleanly after some content_block_delta events, without message_delta and
+    message_stop; an OpenAI-wire one without its finish chunk). litellm's stream wrapper ends such a
+    stream with a finish chunk of its own ("stop"), which passed the half answer for a whole one;
+    the fast path raises its own for the same cut (gateway/wire.py `_sse_chunks`)."""
+
+    status_code = 502
+
+    def __init__(self) -> None:
+        super().__init__("the stream ended before the answer did (the provider sent no finish reason)")
+
+
+def _litellm_stream(stream: Any) -> bool:
+    return isinstance(stream, litellm.CustomStreamWrapper)
+
+
+def _finish_made_up(stream: Any, raw: Any) -> bool:
+    """Whether ``raw`` (a chunk of ``stream``) carries a finish reason litellm made up: its wrapper
+    says "stop" at the end of a provider stream that sent none, and keeps the provider's own in
+    `received_finish_reason` (or, for one on the last content chunk, `intermittent_finish_reason`;
+    litellm's own logging tells the two apart the same way)."""
+    if not _litellm_stream(stream):
+        return False
+    if not any(_field(choice, "finish_reason") for choice in _field(raw, "choices") or ()):
+        return False
+    return stream.received_finish_reason is None and stream.intermittent_finish_reason is None
+
+
+def _usage_made_up(stream: Any) -> bool:
+    """Whether the usage ``stream`` (litellm's wrapper, at its end) gives is its own count: asked for
+    stream usage, it sends one whether or not the provider did (llama.cpp's server sends none), made
+    by its tokenizer over the bare messages (a local worker's chat template uncounted). The chunks it
+    keeps (`chunks`) hold the usage the provider did send."""
+    if not _litellm_stream(stream):
+        return False
+    chunks = getattr(stream, "chunks", None)
+    if not isinstance(chunks, list):  # a litellm that keeps no chunks: its usage is taken as sent
+        return False
+    return not any(_field(chunk, "usage") for chunk in chunks)
+
+
 def _raw_dict(raw: Any) -> dict[str, Any]:
     return raw.model_dump() if hasattr(raw, "model_dump") else raw
 
@@ -600,6 +689,8 @@ class OpenStream:
         try:
             while True:
                 raw = pending.pop(0) if pending else await anext(self.rest)
+                if _finish_made_up(self.rest, raw):
+                    raise StreamCut()
                 chunk = clean_chunk(self.worker, _raw_dict(raw))
                 last = chunk
                 for choice in chunk["choices"]:
@@ -607,6 +698,10 @@ class OpenStream:
                         self.finish_reasons.append(choice["finish_reason"])
                     _add_text(choice["delta"], self._texts)
                 usage = chunk.pop("usage", None)
+                if usage is not None and _usage_made_up(self.rest):  # not the provider's: counted here
+                    if not chunk["choices"]:
+                        continue
+                    usage = None
                 if usage is not None and (counts := _usage_counts(usage)) is not None:
                     self._usage = usage
                     self.prompt_tokens, self.completion_tokens = counts
@@ -681,6 +776,11 @@ class OpenStream:
             self.metrics.record_usage(
                 self.worker.name, self.prompt_tokens, self.completion_tokens, self.cost_usd
             )
+
+
+class _NotReadmitted(Exception):
+    """A retry the policy in force no longer admits (`CallScope.readmit`; the argument says why):
+    raised from the failure it would have followed, which becomes the worker's final one."""
 
 
 class WorkerClient:
@@ -794,10 +894,17 @@ class WorkerClient:
         """Run one call with retries on transient failures; the final failure becomes a WorkerError.
 
         Each failed call is added to ``failed`` (when given) and the WorkerError carries them all
-        (`WorkerError.attempts`), so the ledger can say which calls the provider may bill."""
+        (`WorkerError.attempts`), so the ledger can say which calls the provider may bill. Under a
+        `CallScope` (`calling`), the policy in force is asked before each retry, and the calls a
+        cancellation cuts short are handed to the scope (`CallScope.cut`)."""
         failed = [] if failed is None else failed
+        scope = _SCOPE.get()
+        last: Exception | None = None  # the failure the next retry would follow
         try:
             async for attempt in self._retrying(worker):
+                if last is not None and scope is not None and scope.readmit is not None:
+                    if (why := await scope.readmit(worker)) is not None:
+                        raise _NotReadmitted(why) from last
                 with attempt:
                     try:
                         result = await attempt_fn()
@@ -805,19 +912,29 @@ class WorkerClient:
                         self.metrics.worker_attempts.labels(worker.name, "error").inc()
                         tracing.attempt_failed(exc)
                         failed.append(attempt_of(worker, exc))
+                        last = exc
                         raise
                     except asyncio.CancelledError:
                         # the call was sent and then cut: a workflow step's timeout, the request's
                         # deadline, a client gone or the shutdown. Counted, and not retried.
                         self.metrics.worker_attempts.labels(worker.name, "cancelled").inc()
+                        failed.append(Attempt(worker.name, CANCELLED, 503, True))
                         raise
+        except asyncio.CancelledError:
+            if scope is not None:  # what it cut, and the calls retried before it, for the books
+                scope.cut.extend(failed)
+            raise
         except Exception as exc:
-            err = to_worker_error(worker, exc)
+            left_out = isinstance(exc, _NotReadmitted)
+            failure = exc.__cause__ if left_out and exc.__cause__ is not None else exc
+            err = to_worker_error(worker, failure)
             err.attempts = tuple(failed)
+            if left_out:
+                err.message += " (not retried: the policy in force no longer admits it)"
             log.warning("worker %s failed: %s", worker.name, err.message)
             if err.prompt_tokens or err.completion_tokens:  # the provider billed it all the same
                 self.metrics.record_usage(worker.name, err.prompt_tokens, err.completion_tokens, err.cost_usd)
-            raise err from exc
+            raise err from failure
         self.metrics.worker_attempts.labels(worker.name, "ok").inc()
         return result
 

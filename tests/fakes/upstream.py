@@ -76,7 +76,9 @@ class Behaviour:
     raw_media_type: str | None = None  # raw_body's content type (None: JSON, or SSE for a stream request)
     empty_choices: bool = False  # a 200 completion (or stream) whose `choices` is empty
     stall_after_chunks: int | None = None  # stream: after N content chunks send nothing more, ever
-    end_after_chunks: int | None = None  # stream: end the body cleanly after N content chunks (no [DONE])
+    # stream: end the body cleanly after N content chunks (no [DONE]; on Anthropic's wire, no
+    # message_delta and no message_stop)
+    end_after_chunks: int | None = None
     inject_after_chunks: int | None = None  # stream: after N content chunks write `inject` into the stream
     usage_every_chunk: bool = False  # stream: the running usage on every chunk (as some providers send it)
     inject: str = ""  # raw SSE text (e.g. "data: {not json\n\n" or an error event), then the stream goes on
@@ -202,6 +204,7 @@ class FakeUpstream:
         # stream stalled and was given up): the gateway cancelled its worker call
         self.abandoned: deque[str] = deque(maxlen=2000)
         self.held: dict[str, threading.Event] = {}  # models whose calls wait until the test releases them
+        self.hold_after: dict[str, int] = {}  # a held model's calls still to answer at once (`hold`)
         self.app = Starlette(
             routes=[
                 Route("/v1/chat/completions", self._chat, methods=["POST"]),
@@ -222,17 +225,20 @@ class FakeUpstream:
         self.behaviours[model] = behaviour
         return behaviour
 
-    def hold(self, model: str) -> threading.Event:
-        """Hold `model`'s chat calls until the returned event is set: a call has arrived (it is in
-        `requests`) and is not answered yet, so a change the test makes meanwhile lands between that
-        step and the next, whatever the machine's load. `reset` releases every hold."""
+    def hold(self, model: str, after: int = 0) -> threading.Event:
+        """Hold `model`'s chat (and embeddings) calls until the returned event is set: a call has
+        arrived (it is in `requests`) and is not answered yet, so a change the test makes meanwhile
+        lands between that step and the next, whatever the machine's load. The first `after` calls
+        are answered at once (e.g. a failure, then its retry held). `reset` releases every hold."""
         self.held[model] = threading.Event()
+        self.hold_after[model] = after
         return self.held[model]
 
     def release_all(self) -> None:
         for gate in self.held.values():
             gate.set()
         self.held.clear()
+        self.hold_after.clear()
 
     def reset(self) -> None:
         self.release_all()
@@ -273,9 +279,16 @@ class FakeUpstream:
             if generation == self.generation:  # not a previous test's call that outlived its reset
                 self.spans.append((model, arrived, time.monotonic()))
 
-    async def _answer(self, body: dict[str, Any], model: str) -> Response:
+    async def _held(self, model: str) -> None:
+        """Wait while `model`'s calls are held (`hold`)."""
         if (gate := self.held.get(model)) is not None:
-            await asyncio.to_thread(gate.wait, HOLD_GUARD_S)
+            if self.hold_after.get(model, 0) > 0:
+                self.hold_after[model] -= 1
+            else:
+                await asyncio.to_thread(gate.wait, HOLD_GUARD_S)
+
+    async def _answer(self, body: dict[str, Any], model: str) -> Response:
+        await self._held(model)
         behaviour = self._behaviour(model)
         behaviour.calls += 1
         if behaviour.latency_s:
@@ -522,6 +535,8 @@ class FakeUpstream:
             for i, word in enumerate(_words(text)):
                 if behaviour.drop_after_chunks is not None and i >= behaviour.drop_after_chunks:
                     raise ConnectionResetError("fake upstream dropped the stream")
+                if behaviour.end_after_chunks == i:
+                    return  # the body ends here, cleanly: no message_delta, no message_stop
                 if behaviour.chunk_delay_s:
                     await asyncio.sleep(behaviour.chunk_delay_s)
                 delta = {"type": "text_delta", "text": word}
@@ -547,6 +562,7 @@ class FakeUpstream:
         self.requests.append(body)
         self.headers.append(dict(request.headers))
         model = str(body.get("model", ""))
+        await self._held(model)
         behaviour = self._behaviour(model)
         behaviour.calls += 1
         if behaviour.latency_s:
