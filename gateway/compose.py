@@ -27,6 +27,8 @@ import logging
 import math
 import time
 import zlib
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from decimal import Decimal, InvalidOperation
 from typing import Any
@@ -38,7 +40,7 @@ from starlette.responses import Response, StreamingResponse
 from gateway import memory, ratelimits, tracing
 from gateway.errors import APIError, error_response
 from gateway.schemas import ChatCompletionRequest
-from gateway.upstream import Attempt, WorkerError, attempts_header, with_attempts
+from gateway.upstream import Attempt, CallScope, WorkerError, attempts_header, calling, with_attempts
 from policies import Worker, predicted_cost
 from router import RouteRequest
 from router.compose import (
@@ -58,7 +60,7 @@ from router.compose import (
     requested_workflow,
     should_cascade,
 )
-from router.compose.base import chars
+from router.compose.base import Admissible, CutBy, chars
 from router.compose.planned import Planned, plan_header
 from router.decide import Estimate
 from router.evidence import logit
@@ -100,6 +102,10 @@ ANSWER_FORMAT = ("response_format", "logprobs", "top_logprobs", "logit_bias")
 STREAM_CHUNK_CHARS = 48
 STREAM_CHUNK_TOKENS = 8  # with logprobs: the tokens (and their logprobs) of one streamed chunk
 CLIENT_GONE = "the client disconnected"
+# The status a step's call cut short is booked with, whichever cut it (its outcome says which: the
+# step's timeout, `step_timeout`, or the request's deadline, `deadline`): a gateway timeout, as fast
+# mode books a call its deadline cut (gateway/completions.py STREAM_STATUS["deadline"]).
+CUT_STATUS = 504
 
 
 @dataclass
@@ -575,7 +581,8 @@ def _excluded_note(run: Run) -> str:
 def _asker(state, given_up: list[Attempt]):
     """One workflow step's call. Its bounds (the step timeout, the request's deadline) are Run's.
     The calls of its worker given up on the way (retried, or the step's failure) go to ``given_up``,
-    for the request's trace and header (gateway/upstream.py Attempt)."""
+    for the request's trace and header (gateway/upstream.py Attempt); those a cut loses go there
+    through the step's scope (`_step_scope`)."""
 
     async def ask(worker: Worker, messages: list[dict[str, Any]], params: dict[str, Any]) -> Answer:
         step = ChatCompletionRequest.model_validate({"model": worker.name, "messages": messages, **params})
@@ -592,6 +599,38 @@ def _asker(state, given_up: list[Attempt]):
         )
 
     return ask
+
+
+def _step_scope(given_up: list[Attempt]):
+    """The scope each workflow step's call runs in (router.compose.base.StepScope): its worker calls
+    under a CallScope of the step's own (gateway/upstream.py), so that
+
+    - a retry of the step's worker asks the run's policy re-check first (``readmit``: `Run.readmit`),
+      and a worker a reload excluded between two of its calls is not called again (the run leaves it
+      out, as at a step's start);
+    - the calls a cancellation cut short (the one in flight, and that worker's calls retried before
+      it), which carry no WorkerError, go to ``given_up`` after the calls given up before: labelled
+      with what cut them when the step's timeout or the request's deadline did (`Run.call` says
+      which), as `cancelled` (503) when the request itself was cancelled (the gateway shutting down).
+
+    Steps that run together each open their own, in their own task: one step's cut calls are never
+    booked to another."""
+
+    @contextmanager
+    def scope(worker: Worker, readmit: Admissible) -> Iterator[CutBy]:
+        calls = CallScope(readmit=readmit)
+
+        def cut_by(what: str) -> None:
+            given_up.extend(calls.cut_by(what, CUT_STATUS))
+
+        with calling(calls):
+            try:
+                yield cut_by
+            except asyncio.CancelledError:
+                given_up.extend(calls.cut)
+                raise
+
+    return scope
 
 
 async def respond(state, request: Request, ex, composition: Composition) -> Response | None:
@@ -627,7 +666,7 @@ async def respond(state, request: Request, ex, composition: Composition) -> Resp
         return error_response(err)
     params = {k: v for k in SAMPLING if (v := getattr(chat, k)) is not None}
     deadline = asyncio.get_running_loop().time() + ex.remaining(state)
-    given_up: list[Attempt] = []  # the steps' worker calls given up (retried, or failed)
+    given_up: list[Attempt] = []  # the steps' worker calls given up (retried, failed, or cut short)
     run = Run(
         messages=memory.workflow_messages(ex.memory, chat.messages_payload()),
         pool=composition.pool,
@@ -642,6 +681,7 @@ async def respond(state, request: Request, ex, composition: Composition) -> Resp
         step_timeout_s=state.settings.compose_step_timeout_s,
         seed=zlib.crc32(ex.request_id.encode()),
         admissible=ex.admissible,  # the request's one check (gateway/readmit.py), fast mode's too
+        step_scope=_step_scope(given_up),  # before each retry too; the calls a cut loses, booked
     )
     books = _Books(state)  # from here until the books are written, the shutdown waits for them
     try:
@@ -676,7 +716,7 @@ async def _answer(
 ) -> Response | None:
     """The workflow's outcome as the response, once it ended (see :func:`respond`); ``given_up``:
     the steps' worker calls given up, in the trace (`attempts`) and the x-polyroute-attempts header."""
-    from gateway.completions import format_cost
+    from gateway.completions import LEFT_OUT_HEADER, format_cost
 
     chat = ex.chat
     if outcome.answer is None and composition.auto and run.stopped is None:
@@ -695,6 +735,8 @@ async def _answer(
         COMPOSE_HEADER: outcome.note or composition.note,
         **attempts_header(given_up),
     }
+    if run.excluded:  # as fast mode names the workers a reload left out (the reasons: in the trace)
+        headers[LEFT_OUT_HEADER] = ",".join(sorted(run.excluded))
     if composition.workflow == "plan":
         headers[PLAN_HEADER] = plan_header(outcome.detail)
     if run.stopped is not None:

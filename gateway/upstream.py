@@ -100,6 +100,10 @@ class WorkerError(Exception):
         # ledger's trace and the response's header name them (`given_up`); () when none was made.
         self.attempts: tuple[Attempt, ...] = ()
 
+    def __str__(self) -> str:
+        # the message as it is now: a note added after the error was made (e.g. "not retried") shows
+        return f"{self.worker}: {self.message}"
+
 
 @dataclass(frozen=True, slots=True)
 class Attempt:

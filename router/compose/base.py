@@ -5,7 +5,9 @@ admissible pool, (2) predicts the step's cost and refuses it if the run's spend 
 prediction would pass the request's ceiling — so a workflow stops early rather than overspends —
 (3) bounds the step with a timeout, and (4) records the step (role, worker, tokens, cost,
 latency, verdict or error) in the trace that goes to the ledger and, on request, to the client.
-The worker call itself is injected (`ask`), so this package knows nothing of HTTP or litellm.
+The worker call itself is injected (`ask`), so this package knows nothing of HTTP or litellm; so is
+the scope each step's call runs in (`step_scope`), which `Run` tells what cut a call short (the step's
+timeout, the request's deadline) and how to re-check the policy before a retry.
 
 A step's output is bounded (max_tokens), its prompt tokens are predicted: before any step has
 answered, from characters (policies.cost.token_chars: ASCII four a token, any other character a
@@ -21,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import asdict, dataclass, field
 from decimal import Decimal
 from typing import Any, Protocol
@@ -55,6 +58,23 @@ class Answer:
 Ask = Callable[[Worker, list[dict[str, Any]], dict[str, Any]], Awaitable[Answer]]
 # Whether the policy in force now still admits a worker for this request: None, or why not
 Admissible = Callable[[Worker], Awaitable[str | None]]
+
+# What cut a step's call short (`Run.call`, told to its `StepScope`): the step's own timeout, or the
+# request's deadline.
+STEP_TIMEOUT = "step_timeout"
+DEADLINE = "deadline"
+# Told what cut the step's call short (STEP_TIMEOUT or DEADLINE): a cancelled call carries no error,
+# so whoever keeps the books of its worker calls learns of the cut only so.
+CutBy = Callable[[str], None]
+# Opened by `Run.call` around each step's call, in the task that makes the step, so steps that run
+# together (an ensemble's members, a plan's round) each have their own; given the worker and the
+# run's re-check as a retry of that worker asks it (`Run.readmit`), it yields the step's `CutBy`. The
+# gateway's makes the step's worker calls under a CallScope of the step's own (gateway/compose.py).
+StepScope = Callable[[Worker, Admissible], AbstractContextManager[CutBy]]
+
+
+def _unbooked(what: str) -> None:
+    """A run without a `StepScope` keeps no books of cut calls."""
 
 
 @dataclass(slots=True)
@@ -193,6 +213,8 @@ class Run:
     admissible: Admissible | None = None
     # workers the policy in force left out after the run started, and why: never asked again
     excluded: dict[str, str] = field(default_factory=dict)
+    # opened around each step's call (None: none): the gateway's keeps the step's worker calls' books
+    step_scope: StepScope | None = None
     _reserved: Decimal = Decimal(0)  # predicted cost of steps in flight (parallel members)
     # prompt tokens billed and chars() sent, per worker and ("" key) for the whole run: the rate that
     # predicts later steps' prompts once steps have reported usage
@@ -308,10 +330,15 @@ class Run:
         """Whether the request's deadline has passed (no step may start)."""
         return self.deadline is not None and asyncio.get_running_loop().time() >= self.deadline
 
-    def _timed_out(self) -> str:
-        if self.expired():
+    def _timed_out(self, cut: str) -> str:
+        if cut == DEADLINE:
             return "cut by the request's deadline"
         return f"timed out after {self.step_timeout_s:g} s"
+
+    def _scope(self, worker: Worker) -> AbstractContextManager[CutBy]:
+        if self.step_scope is None:
+            return nullcontext(_unbooked)
+        return self.step_scope(worker, self.readmit)
 
     async def call(
         self,
@@ -364,18 +391,21 @@ class Run:
         timeout = self.step_timeout_s
         if self.deadline is not None:
             timeout = min(timeout, max(0.0, self.deadline - now))
-        try:
-            answer = await asyncio.wait_for(self.ask(worker, messages, merged), timeout)
-        except TimeoutError:
-            step.error = self._timed_out()
-            raise StepFailed(step.error) from None
-        except Exception as exc:  # a worker error: the workflow decides (drop the member, stop)
-            step.error = str(exc)[:300] or type(exc).__name__
-            raise StepFailed(step.error) from exc
-        finally:
-            self._reserved -= held
-            step.latency_ms = round((time.perf_counter() - started) * 1000, 2)
-            self.steps.append(step)
+        with self._scope(worker) as cut_by:
+            try:
+                answer = await asyncio.wait_for(self.ask(worker, messages, merged), timeout)
+            except TimeoutError:
+                cut = DEADLINE if self.expired() else STEP_TIMEOUT
+                cut_by(cut)  # the call it cancelled, and that worker's calls retried before, go on the books
+                step.error = self._timed_out(cut)
+                raise StepFailed(step.error) from None
+            except Exception as exc:  # a worker error: the workflow decides (drop the member, stop)
+                step.error = str(exc)[:300] or type(exc).__name__
+                raise StepFailed(step.error) from exc
+            finally:
+                self._reserved -= held
+                step.latency_ms = round((time.perf_counter() - started) * 1000, 2)
+                self.steps.append(step)
         step.cost_usd = answer.cost_usd
         step.prompt_tokens, step.completion_tokens = answer.prompt_tokens, answer.completion_tokens
         self.spent_usd += answer.cost_usd
@@ -389,6 +419,12 @@ class Run:
         """Whether the policy in force still admits ``worker`` for this run (see ``admissible``); one
         it no longer admits is kept in ``excluded``, with why, and stays excluded for the run."""
         return await still_admitted(self.admissible, self.excluded, worker)
+
+    async def readmit(self, worker: Worker) -> str | None:
+        """`admits` as a retry of the same worker within a step asks it (the `StepScope`'s): None, or
+        why the policy in force no longer admits it. A worker a reload excluded between two of its
+        calls is not called again, and is left out of the rest of the run as at a step's start."""
+        return None if await self.admits(worker) else self.excluded[worker.name]
 
     async def _still_admitted(self, role: str, worker: Worker) -> None:
         """Raise :class:`Excluded` (the step recorded as skipped, and why) when the policy in force
