@@ -91,6 +91,19 @@ def running_upstream() -> Iterator[FakeUpstream]:
         running.stop()
 
 
+@pytest.fixture(scope="module")
+def fake() -> Iterator[FakeUpstream]:
+    """A test upstream of this module's own: the calls it holds hold up no other module's. Its
+    modules reset it before each test (`reset_fake`), which releases the previous test's held calls."""
+    with running_upstream() as upstream:
+        yield upstream
+
+
+@pytest.fixture
+def reset_fake(fake: FakeUpstream) -> None:
+    fake.reset()
+
+
 @pytest.fixture
 def held() -> Iterator[FakeUpstream]:
     """A test upstream of this test's own, for holding a worker's calls (`FakeUpstream.hold`)."""

@@ -30,7 +30,6 @@ from tests.conftest import (
     Gateway,
     catalog_yaml_for,
     ledger_record,
-    running_upstream,
     start_gateway,
 )
 from tests.fakes.upstream import FakeUpstream
@@ -56,16 +55,7 @@ EMBEDDING_WORKER = f"""
 """
 
 
-@pytest.fixture(scope="module")
-def fake() -> Iterator[FakeUpstream]:
-    """Its own upstream: the calls held here must not hold up the session's shared one."""
-    with running_upstream() as upstream:
-        yield upstream
-
-
-@pytest.fixture(autouse=True)
-def _reset_fake(fake: FakeUpstream) -> None:
-    fake.reset()  # releases the previous test's held calls
+pytestmark = pytest.mark.usefixtures("reset_fake")  # the module's own upstream (conftest `fake`)
 
 
 @pytest.fixture(scope="module")

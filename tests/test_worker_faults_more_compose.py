@@ -34,7 +34,7 @@ import yaml
 
 from gateway.upstream import ATTEMPTS_HEADER
 from policies import parse_catalog
-from tests.conftest import Gateway, catalog_yaml_for, ledger_record, running_upstream, start_gateway
+from tests.conftest import Gateway, catalog_yaml_for, ledger_record, start_gateway
 from tests.fakes.upstream import FakeUpstream
 from tests.test_compose_accounting import requests_in
 from tests.test_router_live_change_plan import deny, during_first_step, edit_policy
@@ -70,16 +70,7 @@ def step_of(trace: dict, worker: str, role: str = "member") -> dict:
     return step
 
 
-@pytest.fixture(scope="module")
-def fake() -> Iterator[FakeUpstream]:
-    """Its own upstream: the calls held here must not hold up the session's shared one."""
-    with running_upstream() as upstream:
-        yield upstream
-
-
-@pytest.fixture(autouse=True)
-def _reset_fake(fake: FakeUpstream) -> None:
-    fake.reset()  # releases the previous test's held calls
+pytestmark = pytest.mark.usefixtures("reset_fake")  # the module's own upstream (conftest `fake`)
 
 
 def _warm(fake: FakeUpstream, data_dir: Path, **settings) -> Iterator[Gateway]:

@@ -32,7 +32,6 @@ from tests.conftest import (
     Gateway,
     catalog_yaml_for,
     ledger_record,
-    running_upstream,
     start_gateway,
 )
 from tests.fakes.upstream import FakeUpstream
@@ -57,15 +56,7 @@ CLAUDE = """
 LOCAL = "gemma-3-270m-local"
 
 
-@pytest.fixture(scope="module")
-def fake() -> Iterator[FakeUpstream]:
-    with running_upstream() as upstream:
-        yield upstream
-
-
-@pytest.fixture(autouse=True)
-def _reset_fake(fake: FakeUpstream) -> None:
-    fake.reset()
+pytestmark = pytest.mark.usefixtures("reset_fake")  # the module's own upstream (conftest `fake`)
 
 
 def _gateway(fake: FakeUpstream, data_dir, **settings) -> Gateway:
