@@ -108,16 +108,19 @@ def test_choices_stated_around_other_options_are_kept(answer, read):
     assert grade_choice(answer, read).extracted == read
 
 
+PLANET = Probe(
+    id="planet",
+    type="choice",
+    task="science",
+    source="test",
+    prompt="Which planet is the largest?\nA) Mars\nB) Venus\nC) Jupiter\nD) Saturn",
+    max_tokens=256,
+    gold="C",
+)
+
+
 def test_the_probe_dispatch_grades_a_walk_at_its_commitment():
-    probe = Probe(
-        id="planet",
-        type="choice",
-        task="science",
-        source="test",
-        prompt="Which planet is the largest?\nA) Mars\nB) Venus\nC) Jupiter\nD) Saturn",
-        max_tokens=256,
-        gold="C",
-    )
+    probe = PLANET
     assert grade(probe, "A) Mars is too small. C) Jupiter is the largest planet, so it's C.").score == 1.0
     assert grade(probe, "A) Mars is too small ... C) Jupiter is the largest planet.").score == 0.0
 

@@ -16,7 +16,7 @@ import pytest
 
 from router.answers import choice_key
 from router.grading import grade, grade_choice
-from router.probes import Probe
+from tests.test_leftovers_grading import PLANET
 
 
 @pytest.mark.parametrize(
@@ -86,15 +86,7 @@ def test_stronger_readings_keep_their_place(answer, read):
 
 
 def test_the_probe_dispatch_reads_the_stated_option():
-    probe = Probe(
-        id="planet",
-        type="choice",
-        task="science",
-        source="test",
-        prompt="Which planet is the largest?\nA) Mars\nB) Venus\nC) Jupiter\nD) Saturn",
-        max_tokens=256,
-        gold="C",
-    )
+    probe = PLANET
     assert grade(probe, "Between A) Mars and C) Jupiter, the largest is C) Jupiter.").score == 1.0
     assert grade(probe, "Between A) Mars and C) Jupiter, the largest is A) Mars.").score == 0.0
 

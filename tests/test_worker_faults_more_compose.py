@@ -30,7 +30,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-import yaml
 
 from gateway.upstream import ATTEMPTS_HEADER
 from policies import parse_catalog
@@ -39,6 +38,7 @@ from tests.fakes.upstream import FakeUpstream
 from tests.test_compose_accounting import requests_in
 from tests.test_router_live_change_plan import deny, during_first_step, edit_policy
 from tests.test_worker_faults_more_books import REFUSED_503, entry, holding
+from tests.test_worker_faults_more_reload import reloading_gateway
 
 CUT_S = 10.0  # the step timeout of `step_gw`, the request's deadline of `deadline_gw`
 QUESTION = "What is six times seven?"
@@ -201,18 +201,7 @@ def test_a_step_call_cut_at_shutdown_is_booked_as_cancelled(fake, tmp_path):
 @pytest.fixture
 def reload_gw(held: FakeUpstream, tmp_path: Path) -> Iterator[Gateway]:
     """Two retries per worker, a policy file the test reloads itself."""
-    (tmp_path / "policy.yaml").write_text(yaml.safe_dump({"version": "open"}))
-    gateway = start_gateway(
-        parse_catalog(catalog_yaml_for(held.url)),
-        tmp_path / "data",
-        retries=2,
-        policy_file=tmp_path / "policy.yaml",
-        policy_reload_interval_s=3600,
-    )
-    try:
-        yield gateway
-    finally:
-        gateway.server.stop()
+    yield from reloading_gateway(held, tmp_path)
 
 
 @pytest.mark.parametrize(

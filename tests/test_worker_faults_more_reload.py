@@ -25,10 +25,9 @@ from tests.fakes.upstream import FakeUpstream
 from tests.test_router_live_change_plan import deny, during_first_step, edit_policy
 
 
-@pytest.fixture
-def gw(held: FakeUpstream, tmp_path: Path) -> Iterator[Gateway]:
-    """The rule-based router's fast mode (cheapest first: cheap, mid, pricey), two retries per
-    worker, a policy file the test reloads itself."""
+def reloading_gateway(held: FakeUpstream, tmp_path: Path) -> Iterator[Gateway]:
+    """A gateway on ``held`` with two retries per worker and a policy file the test reloads itself
+    (its own reload interval never comes); stopped on exit."""
     (tmp_path / "policy.yaml").write_text(yaml.safe_dump({"version": "open"}))
     gateway = start_gateway(
         parse_catalog(catalog_yaml_for(held.url)),
@@ -41,6 +40,12 @@ def gw(held: FakeUpstream, tmp_path: Path) -> Iterator[Gateway]:
         yield gateway
     finally:
         gateway.server.stop()
+
+
+@pytest.fixture
+def gw(held: FakeUpstream, tmp_path: Path) -> Iterator[Gateway]:
+    """The rule-based router's fast mode (cheapest first: cheap, mid, pricey)."""
+    yield from reloading_gateway(held, tmp_path)
 
 
 def body(model: str, stream: bool = False) -> dict:
