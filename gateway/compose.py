@@ -832,6 +832,7 @@ async def _to_fast_mode(
         attempts=tuple(given_up),
     )
     ex.skip = tried
+    ex.excluded.update(run.excluded)  # fast mode's header and trace name who a reload left out, and why
     # the router chose the workflow, not fast mode's first worker: no route record for offline
     # evaluation (it replays single-worker choices; a composed request is none)
     ex.route = None

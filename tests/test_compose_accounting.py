@@ -375,11 +375,10 @@ ESTIMATES = [
 GREETINGS = [f"Say hello to my friend number {i} in a warm and friendly tone." for i in range(60)]
 
 
-@pytest.fixture
-def cascading(upstream, tmp_path):
+def save_cascading_router(data_dir: Path) -> None:
     """A learned router that finds cheap right on 2/3 of estimates and pricey always right, so `auto`
     at λ = 0.3 chooses a cascade cheap -> pricey for an estimate (tests/test_compose_gateway.py);
-    mid is in the pool too, unknown to the router. Tenant acme has a budget."""
+    mid, in the test catalog's pool too, is unknown to it."""
     from router import save_artifact, train_artifact
 
     cheap_right = [float(i // 10 in (0, 1, 2, 5)) for i in range(len(ESTIMATES))]
@@ -387,7 +386,13 @@ def cascading(upstream, tmp_path):
     artifact = train_artifact(
         ESTIMATES + GREETINGS, [1] * 120, labels, ["cheap", "pricey"], backend="static", model="logreg"
     )
-    save_artifact(tmp_path / "data" / "router", artifact)
+    save_artifact(data_dir / "router", artifact)
+
+
+@pytest.fixture
+def cascading(upstream, tmp_path):
+    """The cascading router (`save_cascading_router`) in a gateway; tenant acme has a budget."""
+    save_cascading_router(tmp_path / "data")
     gw = gateway_with(upstream, tmp_path, BUDGET, retries=0)
     yield gw
     gw.server.stop()
