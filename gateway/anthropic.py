@@ -559,10 +559,11 @@ async def count_tokens(request: Request) -> Response:
         body = await heavy_if(is_large(request), validate, CountTokensRequest, data)
         compose.checked_workflow(body.model, "not_found_error")  # as /v1/messages checks it
         model = AUTO if body.model.startswith(compose.PREFIX) else body.model
-        worker = state.catalog.get(model)
+        catalog = state.catalog_for(request)  # read once: the catalog is hot-reloaded
+        worker = catalog.get(model)
         aliases = engine.policy.aliases if engine is not None else {}
         if worker is None and model != AUTO and model not in aliases:
-            names = model_names(state, aliases)
+            names = model_names(catalog, aliases)
             raise APIError(
                 404,
                 f"The model '{body.model}' does not exist. Use one of: {', '.join(names)}",

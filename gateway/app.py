@@ -11,7 +11,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gateway import tracing
+from gateway import catalog_reload, tracing
 from gateway.datadir_lock import DataDirLock
 from gateway.errors import APIError, install_error_handlers
 from gateway.routes import router
@@ -93,6 +93,16 @@ def create_app(
             if state.policy.changed():
                 await asyncio.to_thread(state.policy.reload, "file")
 
+    async def watch_catalog() -> None:
+        """Hot reload: a valid edit of the workers file is put in force, or refused with the reason
+        (gateway/catalog_reload.py); the file is looked at no more than CatalogFile's interval."""
+        while True:
+            await asyncio.sleep(settings.policy_reload_interval_s)
+            try:
+                await catalog_reload.reload(state)
+            except Exception:  # the catalog in force keeps serving; the next round looks again
+                log.exception("reloading the worker catalog failed; keeping the catalog in force")
+
     async def watch_router() -> None:
         """Hot swap: a new current.json (train, rollback) loads in a thread and swaps when it works."""
         while True:
@@ -122,7 +132,7 @@ def create_app(
     async def serving(app: FastAPI) -> AsyncIterator[None]:
         for proc in state.local.values():
             proc.start()
-        tasks = [asyncio.create_task(t()) for t in (watch_policy, watch_router, flush_stores)]
+        tasks = [asyncio.create_task(t()) for t in (watch_policy, watch_catalog, watch_router, flush_stores)]
         log.info(
             "polyroute ready: %d workers in catalog, %d callable now, policy %s, router %s",
             len(state.catalog.workers),

@@ -40,9 +40,11 @@ def plan(
     chat: ChatCompletionRequest,
     tenant: str,
     tenant_cache,
-    policy_version: str,
+    versions: str,
     data_class: str,
 ) -> CachePlan | None:
+    """Whether and under which key this request's answer is cached. ``versions``: the policy's and
+    the worker catalog's versions in force for it; an answer is never served under others."""
     asked = request.headers.get(CACHE_HEADER)
     if asked is not None and asked.lower() not in ("on", "off"):
         raise APIError(400, f"{CACHE_HEADER} must be 'on' or 'off', not {asked!r}", code="invalid_value")
@@ -50,7 +52,7 @@ def plan(
     if not enabled or chat.stream or data_class not in STORABLE_CLASSES:
         return None
     ttl = tenant_cache.ttl_s if tenant_cache is not None else DEFAULT_TTL_S
-    return CachePlan(tenant, cache_key(tenant, policy_version, chat.model_dump(mode="json")), ttl)
+    return CachePlan(tenant, cache_key(tenant, versions, chat.model_dump(mode="json")), ttl)
 
 
 async def lookup(cache: ResponseCache, plan: CachePlan) -> CachedAnswer | None:

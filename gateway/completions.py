@@ -52,7 +52,7 @@ from gateway.upstream import (
 )
 from policies import Admission, PolicyRequest, PolicyRequestError, Spend, estimate_tokens, predicted_cost
 from policies.admission import BUDGET_RULE_PREFIX
-from policies.catalog import Kind
+from policies.catalog import Catalog, Kind
 from router import RouteDecision, RouteRequest, estimate_cost
 from router.compose.base import Admissible, still_admitted
 from router.learned import cost_weight_of
@@ -170,9 +170,9 @@ class TranslatingWire(Wire):
         return self.answer(orjson.loads(response.body), headers, None)
 
 
-def model_names(state: AppState, aliases) -> list[str]:
+def model_names(catalog: Catalog, aliases) -> list[str]:
     """Every name a request's `model` may take, for the 404 that lists them."""
-    return ["auto", *(compose.PREFIX + w for w in compose.WORKFLOWS), *aliases, *state.catalog.names]
+    return ["auto", *(compose.PREFIX + w for w in compose.WORKFLOWS), *aliases, *catalog.names]
 
 
 def admission_for(
@@ -186,6 +186,7 @@ def admission_for(
 ) -> Admission:
     """Ask the policy in force which workers may serve this request. Fails closed."""
     require_policy(state, engine)
+    catalog = state.catalog_for(request)  # the request's own, as every read of it (AppState.catalog_for)
     version = {"x-polyroute-policy-version": engine.version}
     # A workflow (compose:<name>) draws from auto's pool, under auto's rules and its own (policies/engine.py)
     model = chat.model
@@ -193,10 +194,10 @@ def admission_for(
         model == AUTO
         or model.startswith(compose.PREFIX)
         or model in engine.policy.aliases
-        or state.catalog.get(model)
+        or catalog.get(model)
     )
     if not known:
-        names = model_names(state, engine.policy.aliases)
+        names = model_names(catalog, engine.policy.aliases)
         raise APIError(
             404,
             f"The model '{chat.model}' does not exist. Use one of: {', '.join(names)}",
@@ -213,7 +214,7 @@ def admission_for(
         max_output_tokens=chat.output_budget(),
         spend=spend,
     )
-    return evaluate_policy(state, engine, policy_request)
+    return evaluate_policy(state, catalog, engine, policy_request)
 
 
 def require_policy(state: AppState, engine) -> None:
@@ -228,13 +229,13 @@ def require_policy(state: AppState, engine) -> None:
 
 
 def evaluate_policy(
-    state: AppState, engine, policy_request: PolicyRequest, kind: Kind = Kind.chat
+    state: AppState, catalog: Catalog, engine, policy_request: PolicyRequest, kind: Kind = Kind.chat
 ) -> Admission:
-    """The policy's verdict over the catalog's workers of `kind`; a policy that cannot be evaluated
-    refuses the request (503) rather than guess."""
+    """The policy's verdict over the workers of `kind` of `catalog` (the request's: AppState.catalog_for);
+    a policy that cannot be evaluated refuses the request (503) rather than guess."""
     version = {"x-polyroute-policy-version": engine.version}
     try:
-        return engine.evaluate(policy_request, state.catalog, state.down_workers(), kind=kind)
+        return engine.evaluate(policy_request, catalog, state.down_workers(catalog), kind=kind)
     except PolicyRequestError as exc:
         raise APIError(
             400, str(exc), param="metadata.data_class", code="invalid_data_class", headers=version
@@ -348,10 +349,11 @@ def route_request(
 
 
 async def decide(
-    state: AppState, route: RouteRequest, chat: ChatCompletionRequest, admission: Admission, router
+    catalog: Catalog, route: RouteRequest, chat: ChatCompletionRequest, admission: Admission, router
 ):
-    """The ordered workers to try, all from the pool, or the OpenAI error that explains why none."""
-    worker = state.catalog.get(chat.model)
+    """The ordered workers to try, all from the pool, or the OpenAI error that explains why none.
+    `catalog`: the request's (AppState.catalog_for), the one its admission was decided on."""
+    worker = catalog.get(chat.model)
     if worker is not None:  # pinned by name: that worker or nothing
         if not admission.admits(worker.name):
             only = Admission(
@@ -792,6 +794,7 @@ async def serve(request: Request, wire: Wire) -> Response:
     headers = {"x-polyroute-request-id": request_id}
     router = state.router.current  # one router for the whole request, even if a new model lands now
     engine = state.policy.engine  # one policy snapshot for the whole decision, even if a reload lands now
+    catalog = state.catalog_for(request)  # one catalog for the whole request, prices included
     charged: list[Limit] = []  # the rate limits this request's tokens were charged to
     stream = False
     try:
@@ -831,7 +834,9 @@ async def serve(request: Request, wire: Wire) -> Response:
             chat,
             key.tenant,
             tenant.cache if tenant is not None else None,
-            admission.policy_version,
+            # an answer is kept for the policy and the worker catalog it was made under: after an edit
+            # of either (both hot-reloaded), the same request asks the workers again
+            f"{admission.policy_version}@{catalog.source[1] if catalog.source else 'built-in'}",
             admission.data_class,
         )
         if recalled is not None:  # an answer built on collections that change is not cached
@@ -847,7 +852,7 @@ async def serve(request: Request, wire: Wire) -> Response:
             state.metrics.cache.labels("miss").inc()
         route = route_request(request, chat, admission, tenant.cost_weight if tenant else None)
         with tracing.step("route"):
-            decision = await decide(state, route, chat, admission, router)
+            decision = await decide(catalog, route, chat, admission, router)
             composition = await compose.plan(
                 state, request, chat, route, decision, router, admission, recalled
             )

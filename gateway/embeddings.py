@@ -59,7 +59,7 @@ from gateway.store import BudgetExceeded, Limit, Reservation, StoreReplyError, S
 from gateway.upstream import Attempt, CallScope, WorkerError, attempts_header, calling, with_attempts
 from policies import Admission, PolicyRequest, Worker
 from policies.admission import BUDGET_RULE_PREFIX
-from policies.catalog import Kind
+from policies.catalog import Catalog, Kind
 
 log = logging.getLogger("polyroute.gateway")
 
@@ -325,24 +325,25 @@ async def _call_remote(
 
 
 # ---------------------------------------------------------------------------------- the request
-def _resolve(state: AppState, engine, model: str) -> Worker:
-    """The embedding worker a request names, directly or through an embeddings alias of the policy."""
+def _resolve(catalog: Catalog, engine, model: str) -> Worker:
+    """The embedding worker a request names, directly or through an embeddings alias of the policy,
+    in `catalog` (the request's: AppState.catalog_for)."""
     if model == AUTO or model.startswith("compose:"):
         raise APIError(
             400,
             f"model '{model}' is not available for embeddings: each embedding model has its own vector "
             "space, so vectors from different workers cannot be compared, and a router choosing per "
-            f"request would mix them. Name an embedding model ({', '.join(_embedding_names(state, engine))}) "
+            f"request would mix them. Name an embedding model ({', '.join(_embedding_names(catalog, engine))}) "
             "or an alias the policy maps to one (aliases: {name: {worker: ...}}).",
             param="model",
             code="model_not_supported",
         )
-    worker = state.catalog.get(model, kind=Kind.embedding)
+    worker = catalog.get(model, kind=Kind.embedding)
     if worker is not None:
         return worker
     alias = engine.policy.embedding_aliases.get(model) if engine is not None else None
     if alias is not None:
-        worker = state.catalog.get(alias.worker, kind=Kind.embedding)
+        worker = catalog.get(alias.worker, kind=Kind.embedding)
         if worker is None:
             raise APIError(
                 404,
@@ -352,26 +353,24 @@ def _resolve(state: AppState, engine, model: str) -> Worker:
                 code="model_not_found",
             )
         return worker
-    if state.catalog.get(model, kind=None) is not None or (
-        engine is not None and model in engine.policy.aliases
-    ):
+    if catalog.get(model, kind=None) is not None or (engine is not None and model in engine.policy.aliases):
         raise APIError(
             400,
-            f"'{model}' is a chat model; embeddings come from: {', '.join(_embedding_names(state, engine))}",
+            f"'{model}' is a chat model; embeddings come from: {', '.join(_embedding_names(catalog, engine))}",
             param="model",
             code="model_not_embedding",
         )
     raise APIError(
         404,
-        f"The embedding model '{model}' does not exist. Use one of: {', '.join(_embedding_names(state, engine))}",
+        f"The embedding model '{model}' does not exist. Use one of: {', '.join(_embedding_names(catalog, engine))}",
         param="model",
         code="model_not_found",
     )
 
 
-def _embedding_names(state: AppState, engine) -> list[str]:
+def _embedding_names(catalog: Catalog, engine) -> list[str]:
     aliases = list(engine.policy.embedding_aliases) if engine is not None else []
-    return [*(w.name for w in state.catalog.of_kind(Kind.embedding)), *aliases] or ["(none in the catalog)"]
+    return [*(w.name for w in catalog.of_kind(Kind.embedding)), *aliases] or ["(none in the catalog)"]
 
 
 def _admit(state: AppState, engine, tenant: str, model: str, body: EmbeddingRequest, texts, request, spend):
@@ -386,7 +385,7 @@ def _admit(state: AppState, engine, tenant: str, model: str, body: EmbeddingRequ
         max_output_tokens=None,
         spend=spend,
     )
-    return evaluate_policy(state, engine, policy_request, Kind.embedding)
+    return evaluate_policy(state, state.catalog_for(request), engine, policy_request, Kind.embedding)
 
 
 def _not_admitted(admission: Admission, worker: Worker) -> APIError:
@@ -579,13 +578,14 @@ async def embeddings(request: Request) -> Response:
     request_id = "req_" + uuid.uuid4().hex
     headers = {"x-polyroute-request-id": request_id}
     engine = state.policy.engine  # one policy snapshot for the whole request
+    catalog = state.catalog_for(request)  # one catalog for the whole request, prices included
     charged: list[Limit] = []  # the rate limits this request's tokens were charged to
     try:
         key = await state.auth.client(request)
         body = await read_model(request, EmbeddingRequest, state.settings.max_body_bytes)
         large = is_large(request)
         inputs = await heavy_if(large, parse_inputs, body.input)
-        worker = _resolve(state, engine, body.model)
+        worker = _resolve(catalog, engine, body.model)
         _check_dimensions(worker, body.dimensions)
         if engine is not None:
             headers["x-polyroute-policy-version"] = engine.version

@@ -184,7 +184,8 @@ class Judge:
         settings = _settings_in(engine, job.tenant)
         if settings is None:  # turned off since the request was sampled
             return "disabled"
-        worker = state.catalog.get(settings.worker)
+        catalog = state.catalog  # one catalog for the grade: it is hot-reloaded (gateway/catalog_reload.py)
+        worker = catalog.get(settings.worker)
         if worker is None:
             log.error("the judge worker %r of tenant %s is not in the catalog", settings.worker, job.tenant)
             return "unknown_worker"
@@ -198,7 +199,9 @@ class Judge:
             max_output_tokens=JUDGE_MAX_TOKENS,
         )
         try:  # detection over the answer: off the event loop
-            admission = await asyncio.to_thread(engine.evaluate, request, state.catalog, state.down_workers())
+            admission = await asyncio.to_thread(
+                engine.evaluate, request, catalog, state.down_workers(catalog)
+            )
         except PolicyRequestError:  # the data class left the policy since
             return "inadmissible"
         if admission.data_class not in STORABLE_CLASSES:  # the answer raised it

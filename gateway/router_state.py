@@ -49,6 +49,8 @@ class RouterHolder:
         self._failed_version: str | None = None
         self._settings = (default_cost_weight, exploration, min_examples)
         self._lock = threading.Lock()
+        # held only to assign: the catalog and the router in force change together (set_catalog)
+        self._catalog_lock = threading.Lock()
         self._legacy_said: set[str] = set()  # versions whose cascade reads the router dir's file, said once
         self.reload()
         if self.error is None and self.current is self.rules:
@@ -108,8 +110,20 @@ class RouterHolder:
             catalog=self.catalog,
         )
 
+    def set_catalog(self, catalog: Mapping[str, Worker]) -> None:
+        """A new worker catalog is in force (gateway/catalog_reload.py): the router in force and every
+        version loaded from now on read its workers' ``profile_like`` priors from it."""
+        catalog = dict(catalog)
+        with self._catalog_lock:
+            self.catalog = catalog
+            if isinstance(self.current, LearnedRouter):
+                self.current.catalog = catalog
+
     def _put_in_force(self, router: LearnedRouter, version: str) -> None:
-        self.current, self._loaded_version, self.error, self._failed_version = router, version, None, None
+        with self._catalog_lock:  # built with the catalog then in force; a reload since may have swapped it
+            router.catalog = self.catalog
+            self.current = router
+        self._loaded_version, self.error, self._failed_version = version, None, None
         log.info("learned router %s in force (%d workers)", version, len(router.artifact.workers))
         for warning in router.warnings(self.plan_code_exec):  # once per version put in force
             log.warning("learned router %s: %s", version, warning)

@@ -133,7 +133,8 @@ async def healthz() -> JSONResponse:
 @router.get("/readyz")
 async def readyz(request: Request) -> JSONResponse:
     """Ready when a policy is in force and at least one worker can be called; lists every worker.
-    `catalog` warns when the catalog file on disk differs from the one in force (applied on restart)."""
+    `catalog` says the catalog in force (sha256) and warns when the file on disk differs from it: an
+    edit not applied yet, or refused (`refused`, `on_disk_error`: why; gateway/catalog_reload.py)."""
     state = _state(request)
     admission = state.availability()
     workers = {w.name: {"ready": True} for w in admission.pool}
@@ -230,15 +231,17 @@ async def admin_spend(tenant: str, request: Request) -> JSONResponse:
 async def admin_workers(request: Request) -> JSONResponse:
     state = _state(request)
     await state.auth.admin(request)
-    admission = state.availability()
+    catalog = state.catalog  # one version for the whole answer: the catalog is hot-reloaded
+    admission = state.availability(catalog)
     return JSONResponse(
         {
             "pool": [w.name for w in admission.pool],
             "excluded": [
                 {"worker": e.worker, "rule": e.rule, "reason": e.reason} for e in admission.excluded
             ],
-            "catalog": [w.model_dump(mode="json") for w in state.catalog.workers],
-            # the catalog above is the one in force; this says whether the file on disk still matches
+            "catalog": [w.model_dump(mode="json") for w in catalog.workers],
+            # the catalog above is the one in force (catalog_file.sha256); this says whether the file on
+            # disk still matches, and why an edit was not applied (gateway/catalog_reload.py)
             "catalog_file": await asyncio.to_thread(state.catalog_file.status),
         }
     )

@@ -67,9 +67,19 @@ class AppState:
         if not task.cancelled() and task.exception() is not None:
             log.error("background bookkeeping failed", exc_info=task.exception())
 
-    def down_workers(self) -> dict[str, str]:
+    def catalog_for(self, request) -> Catalog:
+        """The catalog one request uses from start to end: the one in force at its first read, kept
+        on the request. The catalog is hot-reloaded (gateway/catalog_reload.py); a request that read
+        it twice could price, admit and pin workers from two different versions."""
+        catalog = getattr(request.state, "polyroute_catalog", None)
+        if catalog is None:
+            catalog = request.state.polyroute_catalog = self.catalog
+        return catalog
+
+    def down_workers(self, catalog: Catalog | None = None) -> dict[str, str]:
+        """The local workers of `catalog` (default: the one in force) that cannot be called, and why."""
         down: dict[str, str] = {}
-        for worker in self.catalog.workers:
+        for worker in (catalog or self.catalog).workers:
             if worker.local is None:
                 continue
             proc = self.local.get(worker.name)
@@ -79,9 +89,10 @@ class AppState:
                 down[worker.name] = reason
         return down
 
-    def availability(self) -> Admission:
+    def availability(self, catalog: Catalog | None = None) -> Admission:
         """Which workers can be called at all, before any policy (for /v1/models and /readyz)."""
-        return admit(self.catalog, down=self.down_workers())
+        catalog = catalog or self.catalog
+        return admit(catalog, down=self.down_workers(catalog))
 
     def api_base(self, worker: Worker) -> str | None:
         proc = self.local.get(worker.name)

@@ -190,13 +190,12 @@ class PolicySource:
         """Validate, check, write the file atomically, swap. Raises PolicyError (invalid, or it does not
         fit the catalog) or PolicyNotWritable (the file cannot be written) and changes nothing; either
         refusal is logged and audited as a refused file edit is."""
-        try:
-            engine = self._compile(text, "request body")
-        except PolicyError as exc:
-            with self._lock:
+        with self._lock:  # checked under the lock: a catalog swap (swap_check) cannot land in between
+            try:
+                engine = self._compile(text, "request body")
+            except PolicyError as exc:
                 self._refuse(str(exc), who, None, text=text)
-            raise
-        with self._lock:
+                raise
             tmp = self.path.with_suffix(f".tmp.{os.getpid()}")
             try:
                 tmp.write_text(text, encoding="utf-8")
@@ -257,6 +256,28 @@ class PolicySource:
                 who, action, old.text if old else "", text, old and old.engine.version, engine.version
             )
         return True
+
+    def swap_check(self, check: Check, apply: Callable[[], None], blocking: bool = True) -> str | None:
+        """Replace the check every future version passes (the worker catalog it must fit), together
+        with whatever `apply` swaps (the catalog itself), under the lock every reload and PUT holds
+        while it checks: the policy in force is checked first, and nothing changes unless it fits.
+        None when applied; else why the policy in force does not fit the new check. ``blocking``
+        False (a caller on the event loop): raises BlockingIOError, changing nothing, while a policy
+        version is being checked or written, rather than wait for it."""
+        if not self._lock.acquire(blocking=blocking):
+            raise BlockingIOError("a policy version is being checked; try again")
+        try:
+            engine = self.engine
+            if engine is not None:
+                try:
+                    check(engine.policy, f"the policy in force ({engine.version})")
+                except PolicyError as exc:
+                    return str(exc)
+            apply()
+            self.check = check
+            return None
+        finally:
+            self._lock.release()
 
     def status(self) -> dict:
         loaded = self._loaded
