@@ -38,7 +38,7 @@ app = typer.Typer(
     help="polyroute: a cost-aware multi-model routing gateway.", no_args_is_help=True, rich_markup_mode=None
 )
 keys_app = typer.Typer(
-    help="Create, list and revoke API keys (stored hashed: in Redis when REDIS_URL is set, else in the "
+    help="Create, list and revoke API keys (stored hashed: in Redis when REDIS_URL or POLYROUTE_REDIS_URL is set, else in the "
     "data dir).",
     rich_markup_mode=None,
 )
@@ -50,7 +50,8 @@ router_app = typer.Typer(
 )
 app.add_typer(router_app, name="router")
 ledger_app = typer.Typer(
-    help="The request ledger (file, or Redis when REDIS_URL is set).", rich_markup_mode=None
+    help="The request ledger (file, or Redis when REDIS_URL or POLYROUTE_REDIS_URL is set).",
+    rich_markup_mode=None,
 )
 app.add_typer(ledger_app, name="ledger")
 app.add_typer(retrieval_app, name="retrieval")
@@ -91,8 +92,16 @@ def _key_store(data_dir: Path | None):
     return open_key_store(_data_dir(data_dir), _redis_url(), reload_interval_s=0)
 
 
+REDIS_ENV = ("POLYROUTE_REDIS_URL", "REDIS_URL")  # read in this order, as the gateway's settings read them
+
+
+def _redis_env() -> str | None:
+    """The name of the variable the Redis URL comes from, or None (no Redis: the files)."""
+    return next((name for name in REDIS_ENV if os.environ.get(name)), None)
+
+
 def _redis_url() -> str | None:
-    return os.environ.get("POLYROUTE_REDIS_URL") or os.environ.get("REDIS_URL") or None
+    return os.environ[name] if (name := _redis_env()) else None
 
 
 @contextmanager
@@ -105,7 +114,7 @@ def _key_store_reachable() -> Iterator[None]:
     try:
         yield
     except KeyStoreUnavailable as exc:
-        _fail(f"{exc} (the keys are in Redis, as REDIS_URL is set)")
+        _fail(f"{exc} (the keys are in Redis, as {_redis_env() or 'REDIS_URL'} is set)")
     except ValueError as exc:
         _fail(str(exc))
 
@@ -728,7 +737,8 @@ def router_train(
         bool,
         typer.Option(
             "--from-ledger",
-            help="train on the ledger's scores [Redis when REDIS_URL is set, else <data dir>/ledger.jsonl]",
+            help="train on the ledger's scores [Redis when REDIS_URL or POLYROUTE_REDIS_URL is set, "
+            "else <data dir>/ledger.jsonl]",
         ),
     ] = False,
     fmt: Annotated[
@@ -1096,7 +1106,7 @@ def router_eval(
         Path | None,
         typer.Option(
             help="a ledger JSONL file (ledger.jsonl or a `ledger export`) [default: the gateway's: "
-            "Redis when REDIS_URL is set, else <data dir>/ledger.jsonl]"
+            "Redis when REDIS_URL or POLYROUTE_REDIS_URL is set, else <data dir>/ledger.jsonl]"
         ),
     ] = None,
     workers_file: Annotated[
