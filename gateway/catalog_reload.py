@@ -84,8 +84,7 @@ def read_edit(state: AppState) -> Catalog | None:
         catalog = load_catalog(watched.path)
     except CatalogError:  # edited again since the look: the next look reports it
         return None
-    digest = catalog.source[1] if catalog.source else None
-    if digest == watched.digest or _refused_already(state, digest):
+    if catalog.digest == watched.digest or _refused_already(state, catalog.digest):
         return None
     return catalog
 
@@ -93,7 +92,7 @@ def read_edit(state: AppState) -> Catalog | None:
 def apply(state: AppState, new: Catalog) -> bool:
     """Put `new` in force, or refuse it (logged once, reported by CatalogFile). On the event loop."""
     old = state.catalog
-    digest = new.source[1] if new.source else "?"
+    digest = new.digest or "?"
     why = restart_reason(old, new)
     misfit_of = None
     if why is None:
@@ -132,7 +131,7 @@ def apply(state: AppState, new: Catalog) -> bool:
 
 
 def _digest(catalog: Catalog) -> str:
-    return catalog.source[1] if catalog.source else "a catalog built in code"
+    return catalog.digest or "a catalog built in code"
 
 
 def _swap(state: AppState, old: Catalog, new: Catalog) -> None:

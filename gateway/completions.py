@@ -54,7 +54,7 @@ from policies import Admission, PolicyRequest, PolicyRequestError, Spend, estima
 from policies.admission import BUDGET_RULE_PREFIX
 from policies.catalog import Catalog, Kind
 from router import RouteDecision, RouteRequest, estimate_cost
-from router.compose.base import Admissible, still_admitted
+from router.compose.base import Admissible, still_admitted, why_excluded
 from router.learned import cost_weight_of
 from router.routelog import route_log
 
@@ -574,7 +574,7 @@ class Exchange:
 
     async def readmit(self, worker) -> str | None:
         """`admits` as the retry loop asks it before retrying the same worker: None, or why not."""
-        return None if await self.admits(worker) else self.excluded[worker.name]
+        return await why_excluded(self.admissible, self.excluded, worker)
 
     def cut_at_deadline(self) -> None:
         """The request's deadline cut fast mode short: the call it cut (and that worker's calls
@@ -836,7 +836,7 @@ async def serve(request: Request, wire: Wire) -> Response:
             tenant.cache if tenant is not None else None,
             # an answer is kept for the policy and the worker catalog it was made under: after an edit
             # of either (both hot-reloaded), the same request asks the workers again
-            f"{admission.policy_version}@{catalog.source[1] if catalog.source else 'built-in'}",
+            f"{admission.policy_version}@{catalog.digest or 'built-in'}",
             admission.data_class,
         )
         if recalled is not None:  # an answer built on collections that change is not cached

@@ -281,6 +281,11 @@ class Catalog(BaseModel):
     def source(self) -> tuple[Path, str] | None:
         return self._source
 
+    @property
+    def digest(self) -> str | None:
+        """The sha256 of the text this catalog was read from (its version), None when built in code."""
+        return self._source[1] if self._source else None
+
     @field_validator("workers")
     @classmethod
     def _unique_names(cls, workers: tuple[Worker, ...]) -> tuple[Worker, ...]:

@@ -30,26 +30,25 @@ class CatalogFile:
     """The file a catalog in force was read from (Catalog.source), compared with the file on disk."""
 
     def __init__(self, catalog: Catalog, interval_s: float = CHECK_INTERVAL_S) -> None:
-        source = catalog.source
-        self.path: Path | None = source[0] if source else None
-        self.digest: str | None = source[1] if source else None
         self.interval_s = interval_s
         self._lock = threading.Lock()
+        self._in_force(catalog)
+
+    def put_in_force(self, catalog: Catalog) -> None:
+        """A catalog read from this file is now in force (a hot reload): it is what the file is
+        compared with from now on."""
+        with self._lock:
+            self._in_force(catalog)
+
+    def _in_force(self, catalog: Catalog) -> None:
+        self.path: Path | None = catalog.source[0] if catalog.source else None
+        self.digest: str | None = catalog.digest
         self._checked_at: float | None = None
         self._stat: tuple[int, int, int] | None = None
         self._status: dict = self._same()
         self._logged: str | None = self.digest  # the on-disk version the log last spoke of
         # (sha256 on disk, why, the policy version it did not fit or None) of an edit not applied
         self._refused: tuple[str, str, str | None] | None = None
-
-    def put_in_force(self, catalog: Catalog) -> None:
-        """A catalog read from this file is now in force (a hot reload): it is what the file is
-        compared with from now on."""
-        source = catalog.source
-        with self._lock:
-            self.path, self.digest = (source[0], source[1]) if source else (None, None)
-            self._refused, self._stat, self._checked_at = None, None, None
-            self._status, self._logged = self._same(), self.digest
 
     def refuse(self, digest: str, why: str, policy_version: str | None = None) -> None:
         """The valid version `digest` of the file was not applied (gateway/catalog_reload.py): the

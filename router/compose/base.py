@@ -110,6 +110,12 @@ async def still_admitted(admissible: Admissible | None, excluded: dict[str, str]
     return why is None
 
 
+async def why_excluded(admissible: Admissible | None, excluded: dict[str, str], worker: Worker) -> str | None:
+    """`still_admitted` as a retry of the same worker asks it: None, or why the policy in force no
+    longer admits ``worker`` (kept in ``excluded`` too)."""
+    return None if await still_admitted(admissible, excluded, worker) else excluded[worker.name]
+
+
 class Excluded(StepFailed):
     """The policy in force no longer admits the worker: it was reloaded after the request was admitted
     and leaves the worker out for this request (`Run.admissible`). The step is not made, the worker is
@@ -424,7 +430,7 @@ class Run:
         """`admits` as a retry of the same worker within a step asks it (the `StepScope`'s): None, or
         why the policy in force no longer admits it. A worker a reload excluded between two of its
         calls is not called again, and is left out of the rest of the run as at a step's start."""
-        return None if await self.admits(worker) else self.excluded[worker.name]
+        return await why_excluded(self.admissible, self.excluded, worker)
 
     async def _still_admitted(self, role: str, worker: Worker) -> None:
         """Raise :class:`Excluded` (the step recorded as skipped, and why) when the policy in force
