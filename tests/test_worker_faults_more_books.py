@@ -26,33 +26,19 @@ import pytest
 from gateway.upstream import ATTEMPTS_HEADER
 from policies import parse_catalog
 from tests.conftest import (
-    FAKE_KEY_ENV,
     Gateway,
     catalog_yaml_for,
     ledger_record,
     start_gateway,
 )
 from tests.fakes.upstream import FakeUpstream
+from tests.test_embeddings import REMOTE, REMOTE_MODEL, embedding_workers
 
 DEADLINE_S = 10.0
 MESSAGES = [{"role": "user", "content": "Say hello in five words"}]
-EMBED, EMBED_MODEL = "embed-remote", "embed-model"
+EMBED, EMBED_MODEL = REMOTE, REMOTE_MODEL
 REFUSED_503 = {"outcome": "http_503", "status": 503, "may_be_billed": False}
 CUT = {"outcome": "deadline", "status": 504, "may_be_billed": True}
-EMBEDDING_WORKER = f"""
-  - name: {EMBED}
-    kind: embedding
-    model: openai/{EMBED_MODEL}
-    api_base: {{url}}/v1
-    api_key_env: {FAKE_KEY_ENV}
-    dimensions: 8
-    input_price_per_m: 1.00
-    tier: specialist
-    license: proprietary
-    provider: fake
-    jurisdiction: US
-    context_window: 8192
-"""
 
 
 pytestmark = pytest.mark.usefixtures("reset_fake")  # the module's own upstream (conftest `fake`)
@@ -61,7 +47,7 @@ pytestmark = pytest.mark.usefixtures("reset_fake")  # the module's own upstream 
 @pytest.fixture(scope="module")
 def gw(fake, tmp_path_factory) -> Iterator[Gateway]:
     """One retry per worker, and a request deadline of DEADLINE_S."""
-    catalog = catalog_yaml_for(fake.url) + EMBEDDING_WORKER.format(url=fake.url)
+    catalog = catalog_yaml_for(fake.url) + embedding_workers(fake.url)
     gateway = start_gateway(
         parse_catalog(catalog, "books"),
         tmp_path_factory.mktemp("worker-faults-books"),

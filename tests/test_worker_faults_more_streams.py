@@ -35,24 +35,11 @@ from tests.conftest import (
     start_gateway,
 )
 from tests.fakes.upstream import FakeUpstream
+from tests.test_anthropic_fixes import CLAUDE_WORKER
 from tests.test_worker_faults_paths import make_worker
 
 MESSAGES = [{"role": "user", "content": "hello there friend"}]
 TEXT = "one two three four five"
-CLAUDE = """
-  - name: claude
-    model: anthropic/claude-fake
-    api_base: {url}
-    api_key_env: {key_env}
-    context_window: 200000
-    input_price_per_m: 3.00
-    output_price_per_m: 15.00
-    tier: frontier
-    license: proprietary
-    provider: anthropic
-    jurisdiction: US
-    capabilities: [general]
-"""
 LOCAL = "gemma-3-270m-local"
 
 
@@ -60,7 +47,7 @@ pytestmark = pytest.mark.usefixtures("reset_fake")  # the module's own upstream 
 
 
 def _gateway(fake: FakeUpstream, data_dir, **settings) -> Gateway:
-    catalog = catalog_yaml_for(fake.url) + CLAUDE.format(url=fake.url, key_env=FAKE_KEY_ENV)
+    catalog = catalog_yaml_for(fake.url) + CLAUDE_WORKER.format(url=fake.url, key_env=FAKE_KEY_ENV)
     return start_gateway(parse_catalog(catalog, "litellm streams"), data_dir, **settings)
 
 
