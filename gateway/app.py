@@ -12,12 +12,12 @@ from fastapi import FastAPI
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway import catalog_reload, tracing
-from gateway.datadir_lock import DataDirLock
+from gateway.datadir_lock import DataDirLock, DataDirLocked
 from gateway.errors import APIError, install_error_handlers
 from gateway.routes import router
 from gateway.settings import Settings
 from gateway.state import build_state
-from policies import Catalog
+from policies import Catalog, CatalogError, PolicyError
 
 log = logging.getLogger("polyroute.gateway")
 
@@ -75,8 +75,22 @@ def create_app(
 ) -> FastAPI:
     """The app on `settings.data_dir`, which it locks first (gateway/datadir_lock.py): a second gateway
     on that dir raises DataDirLocked here. `lock`: one the caller already holds (`polyroute serve`
-    takes it before assembling local models). The app's shutdown releases it; a start takes it again."""
-    settings = settings or Settings.from_env()
+    takes it before assembling local models). The app's shutdown releases it; a start takes it again.
+
+    Called with no settings, as `uvicorn gateway.app:create_app --factory` calls it, it reads them
+    from the environment and is the process's entry point: a start refused as `polyroute serve`
+    refuses it (the data dir in use, an invalid catalog, a refused policy) logs one line, "cannot
+    start: …", and exits 2 (uvicorn lets SystemExit through), not a traceback ending in the reason."""
+    if settings is None:
+        try:
+            return _create_app(Settings.from_env(), catalog, lock)
+        except (DataDirLocked, CatalogError, PolicyError) as exc:
+            log.error("cannot start: %s", exc)
+            raise SystemExit(2) from None
+    return _create_app(settings, catalog, lock)
+
+
+def _create_app(settings: Settings, catalog: Catalog | None, lock: DataDirLock | None) -> FastAPI:
     lock = lock or DataDirLock(settings.data_dir, settings.host, settings.port)
     lock.acquire()  # before the data dir is read or written
     try:

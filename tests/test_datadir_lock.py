@@ -38,7 +38,7 @@ def lock_record(data_dir: Path) -> dict:
 def in_use_by(data_dir: Path, pid: int) -> str:
     return (
         f"the data dir {data_dir.resolve()} is in use by another polyroute gateway "
-        f"(pid {pid} on host {socket.gethostname()}, address "
+        f"(pid {pid} on host {socket.gethostname()}, configured address "
     )
 
 
