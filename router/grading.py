@@ -150,6 +150,14 @@ _WRONG_LEAD = re.compile(
     rf"|[-—–:]{_B}*(?i:wrong|incorrect|false)|[✗✘❌])"
 )
 _LEAD = re.compile(rf"\s*(?:(?i:option|choice){_B}+)?[\(\[]?(?P<letter>[A-J])(?:[\)\]\.:,]|{_B}|$)")
+# A leading "A" that is the article: a blank, then an ordinary lower-case word that can follow "a" in a
+# noun phrase ("A planet that is large …"). A chosen "A" is followed by a mark ("A)", "A.", "A,") or
+# by a reason or a verb ("A because …", "A is …", "A and C"), which this leaves out.
+_ARTICLE_LEAD = re.compile(
+    rf"\s*A{_B}+(?!(?:because|since|as|given|for|due|but|and|or|nor|so|then|than|not|is|was|are|were"
+    rf"|seems?|would|could|should|must|might|may|can|will|fits?|matches|works|wins|looks|appears|only"
+    rf"|too|also|vs|versus|if|when|while|though|although|unless|with|without|over|instead)\b)[a-z]"
+)
 
 
 def _another_option(text: str, end: int, letters: str) -> bool:
@@ -197,6 +205,25 @@ def _stated_option(plain: str, letters: str) -> str | None:
         if letter in letters and _states_option(plain, found, end):
             last = (letter, _another_option(plain, end, letters))
     return last[0] if last is not None and not last[1] else None
+
+
+def _later_choice(plain: str, letters: str) -> str | None:
+    """After a leading article "A" ("A planet that is large is C) Jupiter."), the option the answer
+    goes on to state: the last "… is C) Jupiter", else the one offered option written as an option
+    ("C)", "(C)", "option C") where a later sentence or line starts ("A large planet.\nC) Jupiter").
+    None when it states none, names several that way or one with an alternative ("C) Jupiter and D)
+    Saturn"): then the old reading stands."""
+    if (stated := _stated_option(plain, letters)) is not None:
+        return stated
+    named = set()
+    for found in _LABEL.finditer(plain, 1):
+        group = next(g for g in ("named", "bracketed", "listed", "bare") if found.group(g))
+        if group == "bare" or found.group(group) not in letters:
+            continue  # a bare "C is …" is a walk's or a claim's, read elsewhere
+        if _another_option(plain, found.end(group), letters):
+            return None
+        named.add(found.group(group))
+    return named.pop() if len(named) == 1 else None
 
 
 def _boxed_option(plain: str, letters: str) -> str | None:
@@ -328,7 +355,9 @@ def chosen_letter(answer: str, letters: str) -> str | None:
     "A)" is no choice. Otherwise router.answers.choice_key on the answer without markdown (a
     leading "C) Jupiter", "option C", a line holding only "C"), else the one offered letter it names
     in brackets ("I'd pick (C) iron"); a leading option named with another as an alternative ("A)
-    Mars or C) Jupiter", "A or B") or called wrong ("A is wrong") chooses none.
+    Mars or C) Jupiter", "A or B") or called wrong ("A is wrong") chooses none. A leading article
+    "A" ("A planet that is large is C) Jupiter.") is no choice when the answer goes on to state
+    one option (_later_choice).
 
     An answer that compares options and commits in none of those forms is read at the last option
     it states after "is" ("Between A) Mars and C) Jupiter, the largest is C) Jupiter."), in a walk
@@ -357,6 +386,8 @@ def chosen_letter(answer: str, letters: str) -> str | None:
             plain, lead.end("letter")
         ):
             return _stated_option(plain, letters)  # "A) Mars or C) Jupiter? The largest is C) Jupiter."
+        if _ARTICLE_LEAD.match(plain) and (later := _later_choice(plain, letters)) is not None:
+            return later  # "A planet that is large is C) Jupiter.": the article "A" is no choice
     chosen = choice_key(plain, letters)  # before a stated option: "I think option B. The worst is A) Mars."
     if chosen is not None:
         return chosen
