@@ -76,13 +76,29 @@ class Authenticator:
     def _is_settings_admin(self, token: str) -> bool:
         return self._admin_hash is not None and hmac.compare_digest(hash_key(token), self._admin_hash)
 
+    def _unchecked_message(self, exc: KeyStoreUnavailable) -> str:
+        """The 503 body while Redis is down: what happened, why a key that worked a minute ago may be
+        refused now (docs/replicas.md), and what to do. The same for every token, valid or not: it
+        says nothing about the key itself."""
+        grace_s = getattr(self.store, "stale_grace_s", None)
+        kept = (
+            f"during an outage only a key this gateway checked in the last {grace_s / 60:g} minutes, "
+            "with no key revoked since, is accepted; "
+            if grace_s
+            else ""
+        )
+        return (
+            f"The API key could not be checked: the key store (Redis) cannot be reached ({str(exc).rstrip('.')}). "
+            f"Keys fail closed: {kept}no key is let through unchecked. Retry once Redis is back."
+        )
+
     async def _verify(self, token: str) -> KeyRecord | None:
         try:
             return await self.store.verify_async(token)
         except KeyStoreUnavailable as exc:  # fail closed: no key is accepted unverified
             raise APIError(
                 503,
-                f"cannot verify API keys right now: {exc}",
+                self._unchecked_message(exc),
                 type="server_error",
                 code="key_store_unavailable",
                 headers={"retry-after": "1"},
