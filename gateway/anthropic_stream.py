@@ -245,10 +245,12 @@ async def event_batches(
     10 events; written one by one they cost a send each).
 
     A read of the worker that made events sends what is ready. `message_start` waits for the first
-    such read: the pipeline opens the stream once the worker's first chunk has arrived, so it costs
-    no time to the client. After `message_delta` only the end can follow, so it waits for it and goes
-    out with `message_stop`. If the worker fails or the deadline passes, what was ready goes out first
-    and the error is raised on to the pipeline, which writes the `error` event and bills the stream.
+    such read: the pipeline opens the stream once the worker's first chunk carrying some of the answer
+    has arrived (gateway/upstream.py `_past_prelude`; a worker that fails before it is fallen back
+    from, and its client sees nothing of it), so it costs no time to the client. After
+    `message_delta` only the end can follow, so it waits for it and goes out with `message_stop`. If
+    the worker fails or the deadline passes, what was ready goes out first and the error is raised on
+    to the pipeline, which writes the `error` event and bills the stream.
     """
     ready = [stream.start()]
     try:

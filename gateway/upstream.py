@@ -63,6 +63,7 @@ RETRYABLE_STATUS = frozenset({408, 409, 429, 500, 502, 503, 504})
 CLIENT_FAULT_STATUS = frozenset({400, 413, 422})
 MESSAGE_KEYS = ("role", "content", "tool_calls", "function_call", "refusal", "annotations", "audio")
 DELTA_KEYS = ("role", "content", "tool_calls", "function_call", "refusal")
+ANSWER_KEYS = ("content", "tool_calls", "function_call", "refusal")  # a delta's part of the answer
 NANO = Decimal("0.000000001")
 STREAM_USAGE = {"include_usage": True}  # we always account; the client may not see it
 MAX_CACHED_ROUTES = 4096
@@ -636,21 +637,40 @@ def _field(raw: Any, name: str) -> Any:
     return raw.get(name) if isinstance(raw, dict) else getattr(raw, name, None)
 
 
+def _answers(raw: Any) -> bool:
+    """Whether a chunk carries some of the answer: text, a refusal, a tool call, or a finish reason.
+    A chunk that only opens the message (OpenAI-wire servers' first, `{"role": "assistant",
+    "content": ""}`; litellm's for Anthropic's `message_start`) does not."""
+    for choice in _field(raw, "choices") or ():
+        if _field(choice, "finish_reason"):
+            return True
+        delta = _field(choice, "delta")
+        if delta is not None and any(_field(delta, key) for key in ANSWER_KEYS):
+            return True
+    return False
+
+
 async def _past_prelude(
     worker: Worker, first: Any, rest: AsyncIterator[Any], messages: list[dict[str, Any]] | None
 ) -> tuple[list[Any], Any]:
-    """Read a stream up to its first chunk with a choice: (the chunks before it, that chunk).
+    """Read a stream up to its first chunk that carries some of the answer (`_answers`): (the chunks
+    before it, that chunk).
 
-    Chunks without choices may lead (Azure's prompt_filter_results); a stream made only of them
-    answered nothing, which is known before a byte goes to the client: EmptyAnswer, so `auto` can
-    still fall back. The stream is closed then."""
+    Nothing goes to the client before that chunk, so a stream that fails before it is a failure of
+    the call, retried and fallen back from like a refused one, not a stream cut mid-way: chunks
+    without choices may lead (Azure's prompt_filter_results), and a message's opening chunk (its role;
+    an Anthropic worker's `message_start`) comes before any content. A stream made only of such
+    chunks answered nothing: EmptyAnswer; one whose finish litellm made up (the provider closed it
+    before the answer began) is StreamCut. The stream is closed then."""
     prelude: list[Any] = []
     usage: Any = None
     try:
-        while not _field(first, "choices"):
+        while not _answers(first):
             prelude.append(first)
             usage = _field(first, "usage") or usage
             first = await anext(rest)
+        if _finish_made_up(rest, first):
+            raise StreamCut()
     except BaseException as exc:
         close = getattr(rest, "aclose", None)
         if close is not None:

@@ -295,7 +295,10 @@ async def test_timeout_is_504_after_retries(upstream, stream):
 
 
 async def test_silence_mid_stream_times_out(upstream):
-    upstream.behave("cheap-model", text="slow words here", chunk_delay_s=1.0)
+    """The first word arrives, then nothing: the stream is open (a silence before any content is a
+    failed call, which falls back: tests/test_stream_cut_before_content.py), and the worker's timeout
+    ends it mid-stream."""
+    upstream.behave("cheap-model", text="slow words here", stall_after_chunks=1)
     worker = make_worker("openai/cheap-model", upstream.url + "/v1", timeout_s=0.3)
     stream = await client().open_stream(worker, worker.api_base, chat(stream=True))
     with pytest.raises(WorkerError) as info:
