@@ -1,5 +1,6 @@
 """The test upstream: a real HTTP server on loopback that speaks the OpenAI chat wire format (and
-Anthropic's Messages wire on /v1/messages, for workers whose provider is anthropic).
+Anthropic's Messages wire on /v1/messages, for workers whose provider is anthropic, and OpenAI's
+Responses wire on /v1/responses, for workers whose chat calls litellm bridges to it).
 
 Stop sequences are honoured as the providers do: the answer is cut before the first one the text
 contains; OpenAI's wire says only finish_reason "stop", Anthropic's says stop_reason "stop_sequence"
@@ -188,6 +189,35 @@ def _prompt_word_count(body: dict[str, Any]) -> int:
     return max(total, 1)
 
 
+def _responses_texts(content: Any) -> list[str]:
+    """The texts of a Responses input item's content (a string, or input_text parts)."""
+    if isinstance(content, str):
+        return [content]
+    return [
+        part["text"] for part in content or [] if isinstance(part, dict) and isinstance(part.get("text"), str)
+    ]
+
+
+def _responses_last_user_text(body: dict[str, Any]) -> str:
+    items = body.get("input")
+    if isinstance(items, str):
+        return items
+    for item in reversed(items or []):
+        if isinstance(item, dict) and item.get("role") == "user":
+            return " ".join(_responses_texts(item.get("content")))
+    return ""
+
+
+def _responses_prompt_words(body: dict[str, Any]) -> int:
+    items = body.get("input")
+    texts = [items] if isinstance(items, str) else []
+    for item in items if isinstance(items, list) else []:
+        if isinstance(item, dict):
+            texts += _responses_texts(item.get("content"))
+    texts += [body["instructions"]] if isinstance(body.get("instructions"), str) else []
+    return max(sum(len(t.split()) for t in texts), 1)
+
+
 class FakeUpstream:
     """State and ASGI app of the test upstream."""
 
@@ -213,6 +243,8 @@ class FakeUpstream:
                 Route("/v1/embeddings", self._embeddings, methods=["POST"]),  # OpenAI's embeddings wire
                 Route("/embeddings", self._embeddings, methods=["POST"]),
                 Route("/v1/messages", self._messages, methods=["POST"]),  # Anthropic's wire
+                Route("/v1/responses", self._responses, methods=["POST"]),  # OpenAI's Responses wire
+                Route("/responses", self._responses, methods=["POST"]),
                 Route("/_control/behaviour", self._control_behaviour, methods=["POST"]),
                 Route("/_control/reset", self._control_reset, methods=["POST"]),
                 Route("/_control/requests", self._control_requests, methods=["GET"]),
@@ -550,6 +582,113 @@ class FakeUpstream:
             }
         )
         yield event({"type": "message_stop"})
+
+    # ---- OpenAI's Responses wire (workers litellm's chat call bridges to /v1/responses) -----------
+    async def _responses(self, request: Request) -> Response:
+        """The same behaviours, answered as OpenAI's Responses API does (JSON, or its typed events):
+        the text as one `message` output item, `usage` as input/output tokens. A finish_reason
+        "length" is an `incomplete` response (max_output_tokens); `stream_usage=False` leaves
+        `usage` out of `response.completed`; `drop_after_chunks` / `end_after_chunks` cut the stream
+        after N text deltas (a reset, or a body that ends with no `response.completed`)."""
+        try:
+            body = orjson.loads(await request.body())
+        except orjson.JSONDecodeError:
+            return JSONResponse({"error": {"message": "bad json", "type": "invalid_request_error"}}, 400)
+        self.requests.append(body)
+        self.headers.append(dict(request.headers))
+        model = str(body.get("model", ""))
+        await self._held(model)
+        behaviour = self._behaviour(model)
+        behaviour.calls += 1
+        if behaviour.latency_s:
+            await asyncio.sleep(behaviour.latency_s)
+        if behaviour.status and (behaviour.fail_times is None or behaviour.calls <= behaviour.fail_times):
+            error = {"message": f"fake upstream error {behaviour.status}", "type": "server_error"}
+            return JSONResponse({"error": error}, behaviour.status)
+        last = _responses_last_user_text(body)
+        text = last if behaviour.text == ECHO else behaviour.text
+        for needle, reply in (behaviour.replies or {}).items():
+            if needle in last:
+                text = reply
+                break
+        usage = {
+            "input_tokens": behaviour.prompt_tokens or _responses_prompt_words(body),
+            "input_tokens_details": {"cached_tokens": behaviour.cached_tokens or 0},
+            "output_tokens": behaviour.completion_tokens or len(text.split()) or 1,
+            "output_tokens_details": {"reasoning_tokens": behaviour.reasoning_tokens or 0},
+        }
+        usage["total_tokens"] = usage["input_tokens"] + usage["output_tokens"]
+        response_id = "resp_" + uuid.uuid4().hex[:20]
+        item_id = "msg_" + uuid.uuid4().hex[:20]
+        incomplete = behaviour.finish_reason == "length"
+        part = {"type": "output_text", "text": text, "annotations": []}
+        item = {
+            "type": "message",
+            "id": item_id,
+            "status": "completed",
+            "role": "assistant",
+            "content": [part],
+        }
+        answer = {
+            "id": response_id,
+            "object": "response",
+            "created_at": int(time.time()),
+            "status": "incomplete" if incomplete else "completed",
+            "error": None,
+            "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
+            "instructions": body.get("instructions"),
+            "model": model,
+            "output": [item],
+            "parallel_tool_calls": True,
+            "tool_choice": "auto",
+            "tools": [],
+            "usage": usage,
+        }
+        if body.get("stream"):
+            return StreamingResponse(
+                self._responses_stream(body, behaviour, answer, text), media_type="text/event-stream"
+            )
+        return JSONResponse(answer)
+
+    async def _responses_stream(self, body, behaviour, answer, text):
+        """The Responses API's event stream; one the client leaves early is recorded in `abandoned`."""
+        sequence = 0
+
+        def event(payload: dict[str, Any]) -> bytes:
+            nonlocal sequence
+            payload = {**payload, "sequence_number": sequence}
+            sequence += 1
+            return b"event: " + payload["type"].encode() + b"\ndata: " + orjson.dumps(payload) + b"\n\n"
+
+        item = answer["output"][0]
+        opened = {**answer, "status": "in_progress", "output": [], "usage": None, "incomplete_details": None}
+        where = {"item_id": item["id"], "output_index": 0, "content_index": 0}
+        try:
+            yield event({"type": "response.created", "response": opened})
+            yield event({"type": "response.in_progress", "response": opened})
+            added = {**item, "status": "in_progress", "content": []}
+            yield event({"type": "response.output_item.added", "output_index": 0, "item": added})
+            empty = {"type": "output_text", "text": "", "annotations": []}
+            yield event({"type": "response.content_part.added", **where, "part": empty})
+            for i, word in enumerate(_words(text)):
+                if behaviour.drop_after_chunks is not None and i >= behaviour.drop_after_chunks:
+                    raise ConnectionResetError("fake upstream dropped the stream")
+                if behaviour.end_after_chunks == i:
+                    return  # the body ends here, cleanly: no response.completed
+                if behaviour.stall_after_chunks == i:
+                    await asyncio.Event().wait()  # until the client goes away (which cancels this)
+                if behaviour.chunk_delay_s:
+                    await asyncio.sleep(behaviour.chunk_delay_s)
+                yield event({"type": "response.output_text.delta", **where, "delta": word, "logprobs": []})
+            yield event({"type": "response.output_text.done", **where, "text": text, "logprobs": []})
+            yield event({"type": "response.content_part.done", **where, "part": item["content"][0]})
+            yield event({"type": "response.output_item.done", "output_index": 0, "item": item})
+            final = answer if behaviour.stream_usage else {**answer, "usage": None}
+            kind = "response.incomplete" if answer["status"] == "incomplete" else "response.completed"
+            yield event({"type": kind, "response": final})
+        except (asyncio.CancelledError, GeneratorExit):
+            self.abandoned.append(str(body.get("model")))
+            raise
 
     # ---- OpenAI's embeddings wire (embedding workers called through litellm.aembedding) -----------
     async def _embeddings(self, request: Request) -> Response:
