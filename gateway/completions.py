@@ -556,9 +556,10 @@ class Exchange:
     request: Request | None = None  # the client's, watched for a hang-up while workers are called
     gone: bool = False  # the client hung up: no further attempt starts, and the ledger says 499
     # fast mode's worker calls' scope (gateway/upstream.py CallScope): `readmit` before each retry,
-    # and the calls the request's deadline cut short
+    # and the calls the request's deadline or its cancellation (the shutdown) cut short
     calls: CallScope = field(init=False)
-    # those calls, labelled with what cut them (`cut_at_deadline`): after `failures`' in the attempts
+    # those calls, labelled with what cut them (`cut_at_deadline`, `_cut_at_shutdown`): after
+    # `failures`' in the attempts
     cut: list[Attempt] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -994,6 +995,44 @@ class DeadlinePassed(Exception):
     """The request's total deadline (POLYROUTE_REQUEST_TIMEOUT_S) passed."""
 
 
+async def _calls(state: AppState, ex: Exchange, call, failures: list[WorkerError]):
+    """`first_success` within what is left of the request's deadline, booked when the request is
+    cancelled meanwhile (the gateway shutting down: `_cut_at_shutdown`). The books stay pending in
+    the gateway's background work from the first attempt until then (compose.PendingBooks), so the
+    shutdown, which cancels the request and then closes the ledger, waits for its record."""
+    books = compose.PendingBooks(state)
+    try:
+        return await _within(ex.remaining(state), first_success(state, ex, call, failures))
+    except asyncio.CancelledError:
+        await books.write(_cut_at_shutdown(state, ex, failures))
+        raise
+    finally:
+        books.done()
+
+
+async def _cut_at_shutdown(state: AppState, ex: Exchange, failures: list[WorkerError]) -> None:
+    """Fast mode's calls were cancelled (the gateway shutting down) before an answer, as a workflow's
+    steps are (gateway/compose.py `_ended_by`): the ledger records 503 with `trace.ended:
+    "cancelled"`, and its attempts list the call the cancellation cut (outcome `cancelled`: it was
+    sent, so the provider may bill it) after that worker's calls retried before it, and what the
+    answered calls of the attempt cost (memory rounds) is billed. Nobody gets a response."""
+    ex.cut = list(ex.calls.cut)  # labelled `cancelled` (503) by the retry loop
+    trace = {**(_degraded_trace(ex, None, Usage(), failures) or {}), "ended": "cancelled"}
+    status = 503
+    tried = [*given_up(failures), *ex.cut]
+    worker = tried[-1].worker if tried else "-"
+    await ex.finish(state, None, status, failures, trace=trace)
+    ex.trace.error(status, "cancelled")
+    state.metrics.errors.labels("cancelled").inc()
+    state.metrics.requests.labels(worker, ex.decision.strategy, str(status)).inc()
+    state.metrics.observe_latency(ex.started, ex.chat.stream)
+    log.warning(
+        "request %s: cancelled while calling workers (the gateway is shutting down); %d call(s) given up",
+        ex.request_id,
+        len(tried),
+    )
+
+
 async def _within(seconds: float, awaitable):
     """`awaitable` bounded by `seconds`; DeadlinePassed when the bound, not something inside, timed out."""
     limit = asyncio.timeout(seconds)
@@ -1099,7 +1138,7 @@ async def _complete(state: AppState, ex: Exchange) -> Response:
     watcher = asyncio.create_task(_watch_client(ex)) if ex.request is not None else None
     late: APIError | None = None
     try:
-        result, failures = await _within(ex.remaining(state), first_success(state, ex, call, failures))
+        result, failures = await _calls(state, ex, call, failures)
     except DeadlinePassed:
         ex.cut_at_deadline()
         result, late = None, _deadline_error(state, failures, ex.cut)
@@ -1265,7 +1304,7 @@ async def _stream(state: AppState, ex: Exchange) -> Response:
         return memory.open_stream(state, ex, worker, base)
 
     try:
-        stream, failures = await _within(ex.remaining(state), first_success(state, ex, call, failures))
+        stream, failures = await _calls(state, ex, call, failures)
     except DeadlinePassed:  # before the first byte: a plain 504
         ex.cut_at_deadline()
         return await _failed(state, ex, failures, _deadline_error(state, failures, ex.cut))

@@ -60,7 +60,7 @@ from router.compose import (
     requested_workflow,
     should_cascade,
 )
-from router.compose.base import Admissible, CutBy, chars
+from router.compose.base import Admissible, CutBy, chars, error_text
 from router.compose.planned import Planned, plan_header
 from router.decide import Estimate
 from router.evidence import logit
@@ -387,7 +387,8 @@ def degraded_trace(
     none did). Its cost is the workflow's steps' and the answer's."""
     ran = sum((Decimal(step.get("cost_usd") or 0) for step in composition.steps), Decimal(0))
     tried = [
-        {"role": "answer", "worker": f.worker, "cost_usd": "0", "error": f.message[:300]} for f in failures
+        {"role": "answer", "worker": f.worker, "cost_usd": "0", "error": error_text(f, f.message)}
+        for f in failures
     ]
     answered = [
         {
@@ -683,7 +684,7 @@ async def respond(state, request: Request, ex, composition: Composition) -> Resp
         admissible=ex.admissible,  # the request's one check (gateway/readmit.py), fast mode's too
         step_scope=_step_scope(given_up),  # before each retry too; the calls a cut loses, booked
     )
-    books = _Books(state)  # from here until the books are written, the shutdown waits for them
+    books = PendingBooks(state)  # from here until the books are written, the shutdown waits for them
     try:
         # nothing is sent before the workflow ends, so a client that hangs up is noticed here or never
         watcher = asyncio.create_task(_stop_when_gone(request, run))
@@ -841,11 +842,12 @@ async def _to_fast_mode(
     return True
 
 
-class _Books:
-    """A composed request's books, pending in the gateway's background work (which the shutdown
-    awaits before it closes the ledger and flushes the budgets) from the workflow's start until they
-    are written: a request cancelled at shutdown reaches its bookkeeping only after the cancel, and
-    its record must not come after the ledger is closed."""
+class PendingBooks:
+    """A request's books, pending in the gateway's background work (which the shutdown awaits
+    before it closes the ledger and flushes the budgets) from its first worker call (a workflow's
+    start, fast mode's first attempt: gateway/completions.py) until they are written: a request
+    cancelled at shutdown reaches its bookkeeping only after the cancel, and its record must not
+    come after the ledger is closed."""
 
     def __init__(self, state) -> None:
         self._written = asyncio.get_running_loop().create_future()
@@ -897,7 +899,7 @@ async def _ended_by(
     else:
         name, status, label = "workflow_error", 500, "500"
     why = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-    outcome = Outcome(None, composition.workflow or "", list(run.steps), f"ended by {why}"[:300])
+    outcome = Outcome(None, composition.workflow or "", list(run.steps), error_text(exc, f"ended by {why}"))
     trace = with_attempts({**outcome.trace(), "ended": name}, given_up)
     await ex.finish(
         state,

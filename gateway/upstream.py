@@ -100,6 +100,14 @@ class WorkerError(Exception):
         # Every call of this worker that was given up, retries and the last one (`Attempt`): the
         # ledger's trace and the response's header name them (`given_up`); () when none was made.
         self.attempts: tuple[Attempt, ...] = ()
+        # The end of `message` the gateway appended to the provider's (`append`): a bounded copy of
+        # the error (router.compose.base `error_text`) keeps it whole and shortens the provider's part.
+        self.appended = ""
+
+    def append(self, note: str) -> None:
+        """Add the gateway's ``note`` (e.g. why the call was not retried) to the end of the message."""
+        self.message += note
+        self.appended += note
 
     def __str__(self) -> str:
         # the message as it is now: a note added after the error was made (e.g. "not retried") shows
@@ -954,7 +962,7 @@ class WorkerClient:
             err = to_worker_error(worker, failure)
             err.attempts = tuple(failed)
             if left_out:
-                err.message += " (not retried: the policy in force no longer admits it)"
+                err.append(" (not retried: the policy in force no longer admits it)")
             log.warning("worker %s failed: %s", worker.name, err.message)
             if err.prompt_tokens or err.completion_tokens:  # the provider billed it all the same
                 self.metrics.record_usage(worker.name, err.prompt_tokens, err.completion_tokens, err.cost_usd)

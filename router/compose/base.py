@@ -73,6 +73,30 @@ CutBy = Callable[[str], None]
 StepScope = Callable[[Worker, Admissible], AbstractContextManager[CutBy]]
 
 
+# A step's error, and the note of what ended a workflow, at most (`error_text`): they go to the trace,
+# the ledger and, through a workflow's note, to a header.
+ERROR_CHARS = 300
+ELLIPSIS = "…"
+
+
+def error_text(exc: BaseException, text: str | None = None, limit: int = ERROR_CHARS) -> str:
+    """``text`` (by default the exception's own, else its type's name) in at most ``limit`` characters.
+
+    The end of it that the gateway appended to a provider's message is kept whole: the exception's
+    ``appended`` (gateway/upstream.py `WorkerError.append`, e.g. "(not retried: ...)"), which this
+    package reads without knowing the gateway's types. The part before it, the provider's, is what
+    is shortened, with an ellipsis: a provider that quotes a long body would otherwise push out what
+    says why the call ended so."""
+    text = (str(exc) or type(exc).__name__) if text is None else text
+    if len(text) <= limit:
+        return text
+    appended = getattr(exc, "appended", "")
+    room = limit - len(ELLIPSIS)
+    if not isinstance(appended, str) or not appended or not text.endswith(appended) or len(appended) >= room:
+        return text[:room] + ELLIPSIS
+    return text[: room - len(appended)] + ELLIPSIS + appended
+
+
 def _unbooked(what: str) -> None:
     """A run without a `StepScope` keeps no books of cut calls."""
 
@@ -406,7 +430,7 @@ class Run:
                 step.error = self._timed_out(cut)
                 raise StepFailed(step.error) from None
             except Exception as exc:  # a worker error: the workflow decides (drop the member, stop)
-                step.error = str(exc)[:300] or type(exc).__name__
+                step.error = error_text(exc)  # the provider's message shortened, not our notes
                 raise StepFailed(step.error) from exc
             finally:
                 self._reserved -= held
