@@ -19,11 +19,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import threading
 from typing import Any, Literal
 
 from fastapi import APIRouter, FastAPI, Request
 from pydantic import BaseModel, ConfigDict, Field
+from starlette.convertors import PathConvertor, register_url_convertor
 
 from gateway.body import read_json_object, read_model, validate
 from gateway.errors import APIError, JSONResponse
@@ -43,6 +45,18 @@ from retrieval import (
 )
 
 log = logging.getLogger("polyroute.retrieval")
+
+
+class _AnyPath(PathConvertor):
+    """Starlette's `path` (regex `.*`, no DOTALL) with newlines too. Under `path`, an id ending in a
+    newline ("a\n", read from a file and not stripped) routed as "a" (`$` matches before a final
+    newline), so DELETE of "a\n" deleted document "a"; an id or a session id with a newline inside
+    matched no route and could not be read or deleted at all."""
+
+    regex = "(?s:.*)"
+
+
+register_url_convertor("anypath", _AnyPath())
 router = APIRouter()
 _lock = threading.Lock()
 MAX_DOCUMENTS = 1000
@@ -206,22 +220,34 @@ async def _documents_from_json(
         raise APIError(400, "Nothing to do: send documents (or files) and/or delete", param="documents")
     docs, errors = [], []
     for i, raw in enumerate(raw_docs):
+        if not isinstance(raw, dict):
+            message = f"documents[{i}] must be an object with an id and a text, not {_json_type(raw)}"
+            errors.append({"index": i, "id": None, "message": message})
+            continue
         try:
-            doc = validate(DocumentIn, raw if isinstance(raw, dict) else {"id": None})
+            doc = validate(DocumentIn, raw)
         except APIError as err:
-            ident = raw.get("id") if isinstance(raw, dict) and isinstance(raw.get("id"), str) else None
-            errors.append(
-                {
-                    "index": i,
-                    "id": ident,
-                    "message": err.message.replace(err.param or "", f"documents[{i}].{err.param}", 1)
-                    if err.param
-                    else err.message,
-                }
-            )
+            ident = raw.get("id") if isinstance(raw.get("id"), str) else None
+            errors.append({"index": i, "id": ident, "message": _placed(err, f"documents[{i}]")})
             continue
         docs.append(DocumentInput(doc.id, doc.text, doc.title, doc.metadata))
     return docs, deletes, errors
+
+
+def _placed(err: APIError, where: str) -> str:
+    """The validation message with its field named where the client wrote it ("documents[3].id").
+    Only the field's name as a whole word is replaced: a plain `str.replace` of "id" turned
+    "Invalid value for id" into "Invaldocuments[3].id value for id" (a numeric id, a long one)."""
+    if not err.param:
+        return err.message
+    field = re.compile(rf"(?<![\w.\[]){re.escape(err.param)}(?![\w\]])")
+    return field.sub(f"{where}.{err.param}", err.message, count=1)
+
+
+def _json_type(value: Any) -> str:
+    """The JSON name of a parsed value's type, for a message about it."""
+    names = {str: "a string", bool: "a boolean", int: "a number", float: "a number", list: "an array"}
+    return "null" if value is None else names.get(type(value), type(value).__name__)
 
 
 async def _documents_from_files(request: Request, limit: int) -> tuple[list[DocumentInput], list[dict]]:
@@ -346,7 +372,7 @@ async def list_documents(name: str, request: Request, limit: int = 100, after: s
     return JSONResponse({"object": "list", "data": data[:limit], "has_more": len(data) > limit})
 
 
-@router.get("/v1/collections/{name}/documents/{doc_id:path}")
+@router.get("/v1/collections/{name}/documents/{doc_id:anypath}")
 async def get_document(
     name: str, doc_id: str, request: Request, level: int = 2, query: str = ""
 ) -> JSONResponse:
@@ -376,7 +402,7 @@ async def get_document(
     return JSONResponse(body)
 
 
-@router.delete("/v1/collections/{name}/documents/{doc_id:path}")
+@router.delete("/v1/collections/{name}/documents/{doc_id:anypath}")
 async def delete_document(name: str, doc_id: str, request: Request) -> JSONResponse:
     collection = await _collection(request, await _tenant(request), name)
     deleted = await _on(collection, name, collection.delete, [doc_id])
@@ -405,10 +431,10 @@ async def search(name: str, request: Request) -> JSONResponse:
     )
 
 
-@router.delete("/v1/sessions/{session_id:path}")
+@router.delete("/v1/sessions/{session_id:anypath}")
 async def forget_session(session_id: str, request: Request) -> JSONResponse:
     """Forget a conversation's session memory (metadata.session_id): its stored turns are deleted.
-    `:path` because a session id may hold a '/' (sent as %2F, which the server decodes)."""
+    `:anypath` because a session id may hold a '/' (sent as %2F, which the server decodes) or a newline."""
     from retrieval.store import session_collection
 
     tenant = await _tenant(request)

@@ -11,6 +11,7 @@ import json
 import os
 import re
 import time
+from collections import deque
 from pathlib import Path
 from typing import Annotated
 
@@ -111,6 +112,7 @@ def ingest_command(
     counts = {"created": 0, "updated": 0, "unchanged": 0}
     errors: list[tuple[str, str]] = []
     not_sent: list[str] = []  # files of the refused batch and of the batches after it
+    too_large: list[str] = []  # files refused (413) on their own: the batches after them were sent
     chunks = 0
     endpoint = f"{url}/v1/collections/{collection}/documents"
     batches = list(_batches(files, root))
@@ -128,7 +130,12 @@ def ingest_command(
         task = progress.add_task("ingest", total=len(files), name=escape(collection), rate="")
         started = time.perf_counter()
         done = 0
-        for number, batch in enumerate(batches, 1):
+        # (batch number, files): a batch too large for the gateway or a proxy in front of it (413;
+        # nginx's default is 1 MB) is sent again in halves, and a file too large on its own is
+        # reported and skipped: one big file no longer stops the rest of the folder.
+        queue = deque((number, batch) for number, batch in enumerate(batches, 1))
+        while queue:
+            number, batch = queue.popleft()
             upload = [
                 ("files", (p.relative_to(root).as_posix(), p.read_bytes(), "application/octet-stream"))
                 for p in batch
@@ -139,6 +146,10 @@ def ingest_command(
                 console.print(f"[red]cannot reach the gateway at {escape(f'{url}: {exc}')}[/red]")
                 raise typer.Exit(2) from None
             body = _ingest_answer(response)
+            if body is None and response.status_code == 413 and len(batch) > 1:
+                half = len(batch) // 2
+                queue.extendleft([(number, batch[half:]), (number, batch[:half])])
+                continue
             if body is None:  # refused as a whole (by the gateway, or a proxy in front of it)
                 size = sum(p.stat().st_size for p in batch)
                 progress.console.print(
@@ -146,14 +157,19 @@ def ingest_command(
                     f"was not ingested: HTTP {response.status_code} from {escape(endpoint)}: "
                     f"{escape(_excerpt(response))}[/red]"
                 )
-                if response.status_code == 413:
+                if response.status_code == 413:  # one file, too large on its own: the others go on
+                    too_large.append(batch[0].relative_to(root).as_posix())
                     progress.console.print(
-                        f"[red]  the request was too large for the gateway or a proxy in front of it "
-                        f"(nginx: client_max_body_size); this command sends up to "
-                        f"{MAX_BATCH_BYTES // (1024 * 1024)} MB a request[/red]"
+                        f"[red]  {escape(too_large[-1])} is too large for the gateway or a proxy in front "
+                        f"of it (POLYROUTE_RETRIEVAL_MAX_UPLOAD_BYTES; nginx: client_max_body_size)[/red]"
                     )
+                    done += 1
+                    progress.update(task, advance=1)
+                    continue
                 not_sent = [
-                    n for b in batches[number - 1 :] for n in (p.relative_to(root).as_posix() for p in b)
+                    n
+                    for _, b in [(number, batch), *queue]
+                    for n in (p.relative_to(root).as_posix() for p in b)
                 ]
                 break
             for item in body.get("data", []):
@@ -171,18 +187,22 @@ def ingest_command(
                 advance=len(batch),
                 rate=f"{done / elapsed:,.1f} files/s, {chunks / elapsed:,.0f} chunks/s",
             )
+    unsent = too_large + not_sent
     console.print(
         f"{escape(collection)}: {counts['created']} created, {counts['updated']} updated, "
         f"{counts['unchanged']} unchanged ({chunks} chunks written); {len(errors)} failed"
-        + (f"; {len(not_sent)} not ingested" if not_sent else "")
+        + (f"; {len(unsent)} not ingested" if unsent else "")
     )
-    if not_sent:
-        shown = ", ".join(not_sent[:10]) + (f" and {len(not_sent) - 10} more" if len(not_sent) > 10 else "")
-        console.print(
-            f"[red]not ingested: {escape(shown)}. Rerun the same command to ingest them (ids are the "
-            "paths: files already in come back unchanged).[/red]"
+    if unsent:
+        shown = ", ".join(unsent[:10]) + (f" and {len(unsent) - 10} more" if len(unsent) > 10 else "")
+        advice = (
+            "Rerun the same command to ingest them (ids are the paths: files already in come back unchanged)"
+            if not too_large
+            else "Raise the upload limit that refused the files too large to send (413), then rerun the "
+            "same command (ids are the paths: files already in come back unchanged)"
         )
-    if errors or not_sent:
+        console.print(f"[red]not ingested: {escape(shown)}. {advice}.[/red]")
+    if errors or unsent:
         raise typer.Exit(1)
 
 

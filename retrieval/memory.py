@@ -37,6 +37,7 @@ _DIRECTIVE = re.compile(
     re.I,
 )
 MORE = "more"
+MAX_RECALL_CHUNKS = 512  # chunks one recall search reads at most, to find enough distinct documents
 
 TOOL_SPEC = {  # terse: it is sent with every request that has memory (≈ 100 tokens)
     "type": "function",
@@ -268,6 +269,27 @@ def _titles(collection: Collection, ids: list[str]) -> dict[str, tuple[str, str]
         return {}
 
 
+def _best_chunks(
+    collection: Collection, query: str, wanted: int, mode: str, exclude: set[str]
+) -> dict[str, tuple[float, str]]:
+    """Document id → (score, text) of its best chunk, for up to `wanted` documents not `exclude`d.
+
+    Hits are chunks, and a long document can hold every one of the first few dozen: with a fixed
+    number of chunks the index showed one entry (and 'more' said there were none) while other
+    documents matched. So the search widens, up to MAX_RECALL_CHUNKS chunks, until it has `wanted`
+    documents or the collection has no more chunks to give."""
+    k = (wanted + len(exclude)) * 2
+    while True:
+        hits = collection.search(query, k=k, mode=mode)
+        best: dict[str, tuple[float, str]] = {}
+        for hit in hits:
+            if hit.document_id not in best and hit.document_id not in exclude:
+                best[hit.document_id] = (hit.score, hit.text)
+        if len(best) >= wanted or len(hits) < k or k >= MAX_RECALL_CHUNKS:
+            return best
+        k = min(k * 4, MAX_RECALL_CHUNKS)
+
+
 def _ranked_entries(
     sources: dict[str, Collection],
     session: set[str],
@@ -281,14 +303,10 @@ def _ranked_entries(
     """The best `limit` documents for `query` across `sources`, skipping `exclude`d ids."""
     scored: list[tuple[float, str, str, str]] = []
     for name, collection in sources.items():
-        best: dict[str, tuple[float, str]] = {}
         try:
-            hits = collection.search(query, k=(limit + len(exclude)) * 2, mode=mode)
+            best = _best_chunks(collection, query, limit, mode, exclude)
         except CollectionDropped:  # forgotten or deleted since recall opened it: it holds no memory
             continue
-        for hit in hits:
-            if hit.document_id not in best and hit.document_id not in exclude:
-                best[hit.document_id] = (hit.score, hit.text)
         for doc_id, (score, text) in best.items():
             scored.append((score, name, doc_id, text))
     scored.sort(key=lambda item: -item[0])

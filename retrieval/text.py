@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import html
+import itertools
 import re
 import unicodedata
 from dataclasses import dataclass
@@ -100,15 +101,28 @@ class Chunk:
     end: int
 
 
+# Scripts written without spaces between words (Han, Hiragana, Katakana; CJK punctuation, not the
+# ideographic space): each character is one chunking unit, about one token for the embedding model.
+_NO_SPACE_SCRIPTS = "\u3001-\u303f\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0003134f"
+MAX_UNIT_CHARS = 40  # a longer run without whitespace (a URL, base64, Thai) counts as several words
+_UNIT = re.compile(rf"[{_NO_SPACE_SCRIPTS}]|[^\s{_NO_SPACE_SCRIPTS}]{{1,{MAX_UNIT_CHARS}}}")
+_SENTENCE_ENDS = ".!?。！？．"
+
+
 def chunk_text(text: str, max_words: int = 200, overlap_words: int = 40) -> list[Chunk]:
     """Windows of about `max_words` words, each overlapping the previous by `overlap_words`.
 
+    A "word" is a run of non-space characters, except that a Chinese or Japanese character counts as
+    one and a run longer than MAX_UNIT_CHARS counts as several: split at whitespace only, a document
+    in those scripts (or a long run without spaces) was one chunk of any length, of which the
+    embedding model reads only its first ~256 tokens, and every hit returned all of it.
     Boundaries snap back to a sentence end inside the window's last third when there is one, so a
     chunk rarely stops mid-sentence. Deterministic: the same text gives the same chunks (stable ids).
+    A chunk is a slice of the text as sent.
     """
     if overlap_words >= max_words:
         raise ValueError("overlap_words must be smaller than max_words")
-    spans = [(m.start(), m.end()) for m in re.finditer(r"\S+", text)]
+    spans = [(m.start(), m.end()) for m in _UNIT.finditer(text)]
     if not spans:
         return []
     chunks: list[Chunk] = []
@@ -117,7 +131,7 @@ def chunk_text(text: str, max_words: int = 200, overlap_words: int = 40) -> list
         end = min(start + max_words, len(spans))
         if end < len(spans):
             for i in range(end - 1, start + (2 * max_words) // 3, -1):
-                if text[spans[i][1] - 1] in ".!?":
+                if text[spans[i][1] - 1] in _SENTENCE_ENDS:
                     end = i + 1
                     break
         begin, finish = spans[start][0], spans[end - 1][1]
@@ -135,9 +149,20 @@ def sentences(text: str) -> list[str]:
     return [s.strip() for s in _SENTENCE.split(" ".join(text.split())) if s.strip()]
 
 
+def word_count(text: str) -> int:
+    """Words as chunking counts them (`chunk_text`): a Chinese or Japanese character is one."""
+    return sum(1 for _ in _UNIT.finditer(text))
+
+
 def clip_words(text: str, words: int) -> str:
-    parts = text.split()
-    return " ".join(parts[:words]) + (" …" if len(parts) > words else "")
+    """The first `words` words, whitespace collapsed, "…" when cut. Words as `chunk_text` counts
+    them: split at whitespace only, a Japanese title, summary or passage was never cut (a summary
+    was the whole document)."""
+    units = list(itertools.islice(_UNIT.finditer(text), max(words, 0) + 1))
+    if len(units) <= words:
+        return " ".join(text.split())
+    kept = text[: units[words - 1].end()] if words > 0 else ""
+    return " ".join(kept.split()) + " …"
 
 
 def summarize(text: str, max_words: int = 16) -> str:
@@ -157,7 +182,7 @@ def title_from(text: str, fallback: str) -> str:
         heading = line.lstrip("#").strip()
         if line.startswith("#") and heading:
             return clip_words(heading, 12)
-        if len(line.split()) <= 12 and not line.endswith((".", ",", ";")):
+        if word_count(line) <= 12 and not line.endswith((".", ",", ";", "。", "、")):
             return line
         break
     return fallback
