@@ -1,11 +1,18 @@
 """Hot reload of the worker catalog: a valid edit of the workers file is put in force without a restart.
 
 What can be applied safely is: prices, timeouts, retries, endpoints, key env vars, jurisdictions,
-capabilities, remote workers added or removed. What cannot is refused, and the catalog in force keeps
+capabilities, remote workers added or removed, in-process embedding workers (`embedder:`) added or
+removed or edited but for their embedder. What cannot is refused, and the catalog in force keeps
 serving (CatalogFile says why on /readyz and GET /admin/workers, until the file changes again):
 
-* a change to a local worker (`local:`, a llama.cpp process started once, at start) or an in-process
-  embedding worker (`embedder:`): "restart to apply";
+* a change to a local worker (`local:`, a llama.cpp process started once, at start): "restart to apply";
+* another embedding model under the name of an in-process embedding worker (its `embedder` changed,
+  or it became, or stopped being, in-process): "restart to apply", with the reason. Vectors a client
+  made with that name before the edit would not compare with those made after it, silently (the
+  embeddings endpoint never falls back to another model for that reason); a new model deserves a
+  name of its own. An in-process embedder is a shared model keyed by its backend (retrieval/embed.py
+  shared_embedder), loaded on first use, at start as after a reload: nothing else is started per
+  worker, so the rest of such a worker's entry is only data, applied as a remote worker's is;
 * a catalog the policy in force does not fit (policies/catalog_check.py): the policy engine and the
   catalog must stay consistent, so the operator changes the policy first;
 * an invalid file (CatalogFile reports it as `on_disk_error`, as before).
@@ -14,8 +21,10 @@ The new catalog is read and parsed off the event loop; everything derived from i
 once, on the event loop (so no request sees half a swap between two of its reads), under the policy
 source's lock (so no policy version is checked against the old catalog and put in force after the
 new one): AppState.catalog, the policy source's check, the router's catalog, CatalogFile's catalog in
-force, polyroute_worker_up. A request reads the catalog once, when it starts (AppState.catalog_for):
-one in flight keeps the catalog it started with, prices included.
+force, polyroute_worker_up. A request reads the catalog once, when it starts (AppState.catalog_for),
+with the router in force: one in flight keeps the catalog it started with, prices included, and routes
+on it (the router in force is replaced by a copy over the new catalog, not changed: RouterHolder.set_catalog).
+A policy version being checked when a swap comes (the lock taken) puts the swap off to the next round.
 """
 
 from __future__ import annotations
@@ -25,38 +34,51 @@ import contextlib
 import logging
 
 from gateway.state import AppState, catalog_check
-from policies import Catalog, CatalogError, Kind, Worker, admit, load_catalog
+from policies import Catalog, CatalogError, Kind, Worker, load_catalog
 
 log = logging.getLogger("polyroute.gateway")
 
 
-def _started_once(worker: Worker | None) -> str | None:
-    """What kind of worker the gateway starts itself (so cannot change while it runs), or None."""
-    if worker is None:
+def _local_change(name: str, before: Worker | None, after: Worker | None) -> str | None:
+    """How a local worker (a llama.cpp process the gateway starts once, at start) changed, or None."""
+    if (before is None or before.local is None) and (after is None or after.local is None):
         return None
-    if worker.local is not None:
-        return "local worker"
-    if worker.embedder is not None:
-        return "in-process embedding worker"
+    if before is None:
+        return f"local worker {name} added"
+    if after is None:
+        return f"local worker {name} removed"
+    if before.model_dump(mode="json") != after.model_dump(mode="json"):
+        return f"local worker {name} changed"
     return None
 
 
+def _embedder_change(name: str, before: Worker | None, after: Worker | None) -> str | None:
+    """Why the embedding model behind the name of an in-process embedding worker changed, or None."""
+    if before is None or after is None or before.embedder == after.embedder:
+        return None
+    if before.kind != Kind.embedding or after.kind != Kind.embedding:
+        return None  # a name that changes kind makes no vectors any more, or had made none: nothing to mix
+    old, new = (
+        f"embedder {w.embedder}" if w.embedder else f"{w.model} through litellm" for w in (before, after)
+    )
+    return (
+        f"the embedding model of worker {name} changed ({old} -> {new}), and vectors made with {name} "
+        "before would not compare with those made after; to switch deliberately, restart, or add the "
+        "new model as a worker of its own name"
+    )
+
+
 def restart_reason(old: Catalog, new: Catalog) -> str | None:
-    """Why `new` cannot replace `old` without a restart: a local or in-process embedding worker was
-    added, removed or changed. None when only what can be swapped differs."""
+    """Why `new` cannot replace `old` without a restart: a local worker was added, removed or changed,
+    or an in-process embedding worker's name now stands for another embedding model. None when only
+    what can be swapped differs."""
     names = dict.fromkeys([*(w.name for w in old.workers), *(w.name for w in new.workers)])
     changes = []
     for name in names:
         before, after = old.get(name, kind=None), new.get(name, kind=None)
-        what = _started_once(before) or _started_once(after)
-        if what is None:
-            continue
-        if before is None:
-            changes.append(f"{what} {name} added")
-        elif after is None:
-            changes.append(f"{what} {name} removed")
-        elif before.model_dump(mode="json") != after.model_dump(mode="json"):
-            changes.append(f"{what} {name} changed")
+        why = _local_change(name, before, after) or _embedder_change(name, before, after)
+        if why is not None:
+            changes.append(why)
     return f"restart to apply: {', '.join(changes)}" if changes else None
 
 
@@ -102,6 +124,11 @@ def apply(state: AppState, new: Catalog) -> bool:
                 catalog_check(new), lambda: _swap(state, old, new), blocking=False
             )
         except BlockingIOError:
+            log.debug(
+                "worker catalog %s (sha256 %s) waits: a policy version is being checked; next round",
+                state.catalog_file.path,
+                digest,
+            )
             return False
         if misfit is not None:
             why = f"the policy in force does not fit it, change the policy first: {misfit}"
@@ -143,13 +170,7 @@ def _swap(state: AppState, old: Catalog, new: Catalog) -> None:
     for name in gone:  # a removed worker's series goes, rather than staying at its last value
         with contextlib.suppress(KeyError):
             state.metrics.worker_up.remove(name)
-    down = state.down_workers(new)
-    for kind in (Kind.chat, Kind.embedding):  # new workers have a series from now, not the next scrape
-        available = admit(new, down=down, kind=kind)
-        for worker in available.pool:
-            state.metrics.worker_up.labels(worker.name).set(1)
-        for exclusion in available.excluded:
-            state.metrics.worker_up.labels(exclusion.worker).set(0)
+    state.set_worker_up(new)
 
 
 async def reload(state: AppState) -> bool:

@@ -702,10 +702,11 @@ def _body(worker: Worker, result: Embedded, encoding: str) -> dict:
 
 
 # ---------------------------------------------------------------------------------- /v1/models
-def model_cards(state: AppState, engine) -> list[dict]:
-    """/v1/models entries of the embedding workers and the policy's embeddings aliases."""
+def model_cards(catalog: Catalog, engine) -> list[dict]:
+    """/v1/models entries of the embedding workers of `catalog` (the request's, AppState.catalog_for:
+    the same version as the chat workers listed beside them) and the policy's embeddings aliases."""
     cards = []
-    for worker in state.catalog.of_kind(Kind.embedding):
+    for worker in catalog.of_kind(Kind.embedding):
         unavailable = worker.availability()
         cards.append(
             {
@@ -730,7 +731,7 @@ def model_cards(state: AppState, engine) -> list[dict]:
             }
         )
     for alias, target in engine.policy.embedding_aliases.items() if engine is not None else ():
-        worker = state.catalog.get(target.worker, kind=Kind.embedding)
+        worker = catalog.get(target.worker, kind=Kind.embedding)
         cards.append(
             {
                 "id": alias,

@@ -49,7 +49,8 @@ class RouterHolder:
         self._failed_version: str | None = None
         self._settings = (default_cost_weight, exploration, min_examples)
         self._lock = threading.Lock()
-        # held only to assign: the catalog and the router in force change together (set_catalog)
+        # held only to assign: the catalog and the router in force change together (set_catalog, and a
+        # version put in force by reload(), which runs in a thread)
         self._catalog_lock = threading.Lock()
         self._legacy_said: set[str] = set()  # versions whose cascade reads the router dir's file, said once
         self.reload()
@@ -111,18 +112,23 @@ class RouterHolder:
         )
 
     def set_catalog(self, catalog: Mapping[str, Worker]) -> None:
-        """A new worker catalog is in force (gateway/catalog_reload.py): the router in force and every
-        version loaded from now on read its workers' ``profile_like`` priors from it."""
+        """A new worker catalog is in force (gateway/catalog_reload.py): the router in force, and every
+        version loaded from now on, read its workers' ``profile_like`` priors from it.
+
+        The router in force is replaced by a copy over the new catalog (LearnedRouter.with_catalog),
+        never changed in place: a request holds the router it started with (read with its catalog,
+        AppState.catalog_for, in the same step on the event loop, where this swap runs too) and routes
+        with it from a worker thread, so an assignment here would reach a routing call part-way, its
+        workers' priors read from two catalogs, or a request routed on a catalog it was not admitted on."""
         catalog = dict(catalog)
         with self._catalog_lock:
             self.catalog = catalog
             if isinstance(self.current, LearnedRouter):
-                self.current.catalog = catalog
+                self.current = self.current.with_catalog(catalog)
 
     def _put_in_force(self, router: LearnedRouter, version: str) -> None:
         with self._catalog_lock:  # built with the catalog then in force; a reload since may have swapped it
-            router.catalog = self.catalog
-            self.current = router
+            self.current = router = router.with_catalog(self.catalog)
         self._loaded_version, self.error, self._failed_version = version, None, None
         log.info("learned router %s in force (%d workers)", version, len(router.artifact.workers))
         for warning in router.warnings(self.plan_code_exec):  # once per version put in force

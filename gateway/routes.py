@@ -20,8 +20,16 @@ from gateway.keys import KeyNotFound
 from gateway.ledger import FeedbackRecord
 from gateway.state import AppState
 from gateway.store import StoreUnavailable, find_request
-from policies import Kind, PolicyError, PolicyNotWritable, PolicyRequest, PolicyRequestError, Spend, Worker
-from policies.admission import admit
+from policies import (
+    Catalog,
+    Kind,
+    PolicyError,
+    PolicyNotWritable,
+    PolicyRequest,
+    PolicyRequestError,
+    Spend,
+    Worker,
+)
 from router import list_versions
 from router.learned import resolve_cost_weight
 
@@ -88,7 +96,9 @@ def local_card(worker: Worker) -> dict:
 async def list_models(request: Request) -> JSONResponse:
     state = _state(request)
     await state.auth.client(request)
-    admission = state.availability()
+    catalog = state.catalog_for(request)  # one version for the whole list: the catalog is hot-reloaded
+    router = state.router.current
+    admission = state.availability(catalog)
     data = [
         {
             "id": "auto",
@@ -97,10 +107,10 @@ async def list_models(request: Request) -> JSONResponse:
             "owned_by": "polyroute",
             "polyroute": {
                 "available": bool(admission.pool),
-                "router": state.router.current.name,
-                "router_version": state.router.current.version,
+                "router": router.name,
+                "router_version": router.version,
                 "calibrated": sorted(
-                    w for w, b in _router_basis(state).items() if b["basis"] == "calibrated"
+                    w for w, b in _router_basis(router, catalog).items() if b["basis"] == "calibrated"
                 ),
             },
         }
@@ -116,12 +126,12 @@ async def list_models(request: Request) -> JSONResponse:
                 "polyroute": {"alias": True, "description": description, "available": bool(admission.pool)},
             }
         )
-    for worker in state.catalog.of_kind(Kind.chat):
+    for worker in catalog.of_kind(Kind.chat):
         exclusion = admission.exclusion_for(worker.name)
         data.append(
             worker_card(worker, exclusion.reason if exclusion else None, state.client.retries_for(worker))
         )
-    data += model_cards(state, engine)  # embedding workers and aliases (/v1/embeddings)
+    data += model_cards(catalog, engine)  # embedding workers and aliases (/v1/embeddings)
     return JSONResponse({"object": "list", "data": data})
 
 
@@ -163,15 +173,7 @@ async def readyz(request: Request) -> JSONResponse:
 @router.get("/metrics")
 async def metrics(request: Request) -> Response:
     state = _state(request)
-    # polyroute_worker_up for every catalog worker, chat and embedding, at this scrape: 1 callable
-    # (key set, local server up), 0 not, by the catalog's names (a bounded label set)
-    down = state.down_workers()
-    for kind in (Kind.chat, Kind.embedding):
-        available = admit(state.catalog, down=down, kind=kind)
-        for worker in available.pool:
-            state.metrics.worker_up.labels(worker.name).set(1)
-        for exclusion in available.excluded:
-            state.metrics.worker_up.labels(exclusion.worker).set(0)
+    state.set_worker_up(state.catalog_for(request))  # at this scrape, for the catalog in force
     return Response(state.metrics.render(), media_type="text/plain; version=0.0.4")
 
 
@@ -352,6 +354,7 @@ async def admin_policy_explain(request: Request) -> JSONResponse:
         content = message.get("content")
         if isinstance(content, str):
             texts.append(content)
+    catalog = state.catalog_for(request)  # the workers and their availability, from one version
     policy_request = PolicyRequest(
         tenant=body.tenant,
         model=body.model,
@@ -367,8 +370,8 @@ async def admin_policy_explain(request: Request) -> JSONResponse:
             is_large(request),
             engine.evaluate,
             policy_request,
-            state.catalog,
-            state.down_workers(),
+            catalog,
+            state.down_workers(catalog),
             assume_available=body.assume_available,
         )
     except PolicyRequestError as exc:
@@ -452,6 +455,7 @@ async def admin_router(request: Request) -> JSONResponse:
     await state.auth.admin(request)
     versions = await asyncio.to_thread(list_versions, state.router.root)
     router = state.router.current
+    catalog = state.catalog_for(request)  # the router's workers and their availability, from one version
     weight = resolve_cost_weight(setting=state.settings.cost_weight, card=_card(router))
     cost_weight = {"value": weight.value, "source": weight.source, "described": weight.described}
     if weight.source == "model card":
@@ -462,7 +466,7 @@ async def admin_router(request: Request) -> JSONResponse:
             **state.router.status(),
             "cost_weight": cost_weight,
             "warnings": warnings,
-            "workers": _router_workers(state),
+            "workers": _router_workers(state, router, catalog),
             "versions": versions,
         }
     )
@@ -473,23 +477,25 @@ def _card(router) -> dict:
     return getattr(getattr(router, "artifact", None), "card", None) or {}
 
 
-def _router_basis(state: AppState) -> dict[str, dict]:
-    """Per catalog worker, what the router in force knows of it: calibrated, profile_like or a prior."""
-    router = state.router.current
+def _router_basis(router, catalog: Catalog) -> dict[str, dict]:
+    """Per chat worker of `catalog` (the answer's one version), what `router` (the router in force)
+    knows of it: calibrated, profile_like (looked up in `catalog`) or a prior."""
+    workers = catalog.of_kind(Kind.chat)
     basis = getattr(router, "basis", None)
     if basis is None:
-        return {w.name: {"basis": "rules"} for w in state.catalog.of_kind(Kind.chat)}
-    return {w.name: basis(w) for w in state.catalog.of_kind(Kind.chat)}
+        return {w.name: {"basis": "rules"} for w in workers}
+    by_name = {w.name: w for w in catalog.workers}
+    return {w.name: basis(w, by_name) for w in workers}
 
 
-def _router_workers(state: AppState) -> dict[str, dict]:
-    """Per catalog chat worker, what the router knows of it (`_router_basis`) and whether it can be
+def _router_workers(state: AppState, router, catalog: Catalog) -> dict[str, dict]:
+    """Per chat worker of `catalog`, what `router` knows of it (`_router_basis`) and whether it can be
     called right now, by the check and in the words of /v1/models and /readyz (`AppState.availability`:
     its key env var unset, its local server down or disabled). Without it, a worker the router can
     never pick read here as merely running on a prior."""
-    admission = state.availability()
+    admission = state.availability(catalog)
     workers = {}
-    for name, basis in _router_basis(state).items():
+    for name, basis in _router_basis(router, catalog).items():
         exclusion = admission.exclusion_for(name)
         reason = exclusion.reason if exclusion else None
         workers[name] = {**basis, "available": reason is None, "unavailable_reason": reason}

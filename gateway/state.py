@@ -23,6 +23,7 @@ from policies import (
     AuditLog,
     Catalog,
     CatalogFile,
+    Kind,
     Policy,
     PolicyError,
     PolicySource,
@@ -93,6 +94,18 @@ class AppState:
         """Which workers can be called at all, before any policy (for /v1/models and /readyz)."""
         catalog = catalog or self.catalog
         return admit(catalog, down=self.down_workers(catalog))
+
+    def set_worker_up(self, catalog: Catalog) -> None:
+        """polyroute_worker_up for every worker of `catalog`, chat and embedding: 1 callable (key set,
+        local server up), 0 not, by the catalog's names (a bounded label set). At each scrape, and
+        when a catalog is put in force (new workers have a series from then, not the next scrape)."""
+        down = self.down_workers(catalog)
+        for kind in (Kind.chat, Kind.embedding):
+            available = admit(catalog, down=down, kind=kind)
+            for worker in available.pool:
+                self.metrics.worker_up.labels(worker.name).set(1)
+            for exclusion in available.excluded:
+                self.metrics.worker_up.labels(exclusion.worker).set(0)
 
     def api_base(self, worker: Worker) -> str | None:
         proc = self.local.get(worker.name)

@@ -8,6 +8,7 @@ workers (exploration, off by default) so the model can learn about them.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 import random
@@ -104,9 +105,10 @@ class LearnedRouter:
     ) -> None:
         """``catalog``: the catalog's workers by name, so a ``profile_like`` naming a worker the model
         has no column for (every catalog worker, under the shipped prior) starts from that worker's
-        own prior rather than being ignored. ``default_cost_weight``: the operator's λ
-        (POLYROUTE_COST_WEIGHT); None when unset, so the card's operating λ, else 0.5, applies
-        (:func:`resolve_cost_weight`)."""
+        own prior rather than being ignored; a routing call may be given the catalog of its request
+        instead (``route``, ``estimates``, ``basis``: ``catalog``), and reads this one once otherwise.
+        ``default_cost_weight``: the operator's λ (POLYROUTE_COST_WEIGHT); None when unset, so the
+        card's operating λ, else 0.5, applies (:func:`resolve_cost_weight`)."""
         if not 0 <= exploration <= 0.5:
             raise ValueError("exploration must be between 0 and 0.5")
         self.artifact = artifact
@@ -130,6 +132,19 @@ class LearnedRouter:
     @property
     def version(self) -> str:
         return self.artifact.version
+
+    def with_catalog(self, catalog: Mapping[str, Worker]) -> LearnedRouter:
+        """This router over another catalog: the same model, features, exploration stream and planner.
+        A catalog reload (gateway/router_state.py) puts such a copy in force rather than changing the
+        router in force, which requests in flight hold and route with from threads: each keeps the
+        catalog it started with."""
+        router = copy.copy(self)
+        router.catalog = dict(catalog)
+        return router
+
+    def _catalog(self, catalog: Mapping[str, Worker] | None) -> Mapping[str, Worker]:
+        """The catalog one call reads throughout: the one it was given, else this router's, read once."""
+        return self.catalog if catalog is None else catalog
 
     @property
     def planner(self) -> Any:
@@ -191,15 +206,17 @@ class LearnedRouter:
         row = dict(zip(columns, (float(t) for t in np.asarray(model.predict(x))[0]), strict=True))
         return {name: row.get(name, tokens) for name, tokens in medians.items()}
 
-    def _quality(self, worker: Worker, predicted: dict[str, float]) -> tuple[float, bool]:
-        """(quality estimate, whether the model has seen the worker).
+    def _quality(
+        self, worker: Worker, predicted: dict[str, float], catalog: Mapping[str, Worker] | None = None
+    ) -> tuple[float, bool]:
+        """(quality estimate, whether the model has seen the worker); ``catalog``: as :meth:`estimates`.
 
         A worker whose catalog entry names `profile_like` starts from that worker's prediction for
         this very query (so a new code model inherits a code model's strengths, not an average), and
         blends towards its own model as its labelled examples n grow: weight n / (n + prior_strength).
         A profile the model has no column for either lends its own prior (its tier's).
         """
-        like = self._profile(worker, predicted)
+        like = self._profile(worker, predicted, self._catalog(catalog))
         if worker.name not in predicted:
             return (like if like is not None else self._prior(worker, predicted)), False
         if like is None:
@@ -208,15 +225,17 @@ class LearnedRouter:
         weight = n / (n + self.prior_strength) if n + self.prior_strength > 0 else 1.0
         return weight * predicted[worker.name] + (1.0 - weight) * like, True
 
-    def _profile(self, worker: Worker, predicted: dict[str, float]) -> float | None:
-        """The estimate ``worker.profile_like`` lends: its prediction, else (a catalog worker the model
-        has no column for) its own prior; None without a usable profile."""
+    def _profile(
+        self, worker: Worker, predicted: dict[str, float], catalog: Mapping[str, Worker]
+    ) -> float | None:
+        """The estimate ``worker.profile_like`` lends: its prediction, else (a worker of ``catalog`` the
+        model has no column for) its own prior; None without a usable profile."""
         name = worker.profile_like
         if not name:
             return None
         if name in predicted:
             return predicted[name]
-        target = self.catalog.get(name)
+        target = catalog.get(name)
         return None if target is None else self._prior(target, predicted)
 
     def _prior(self, worker: Worker, known: dict[str, float]) -> float:
@@ -251,9 +270,11 @@ class LearnedRouter:
             return "tier mean"
         return "worst known"
 
-    def basis(self, worker: Worker) -> dict:
+    def basis(self, worker: Worker, catalog: Mapping[str, Worker] | None = None) -> dict:
         """What this router's estimate for ``worker`` rests on, for the model card and /admin/router:
-        ``calibrated`` (its own labels: probes or training data), ``profile_like`` or ``prior`` (its tier)."""
+        ``calibrated`` (its own labels: probes or training data), ``profile_like`` or ``prior`` (its tier).
+        ``catalog``: the workers by name ``worker`` was read from (default: this router's)."""
+        catalog = self._catalog(catalog)
         if worker.name in self._column:
             onboarded = (self.artifact.card.get("onboarding") or {}).get(worker.name)
             return {
@@ -264,11 +285,11 @@ class LearnedRouter:
         like = worker.profile_like
         if like and like in self._column:
             return {"basis": "profile_like", "like": like, "from": f"{like}'s prediction for each query"}
-        if like and like in self.catalog:
+        if like and like in catalog:
             return {
                 "basis": "profile_like",
                 "like": like,
-                "from": f"{like}'s prior: {self._prior_source(self.catalog[like])}",
+                "from": f"{like}'s prior: {self._prior_source(catalog[like])}",
             }
         return {"basis": "prior", "tier": worker.tier.value, "from": self._prior_source(worker)}
 
@@ -283,9 +304,14 @@ class LearnedRouter:
         worst = "the worst known worker's quality for each query"
         return f"{worst} (a base model)" if rule == "base model" else worst
 
-    def estimates(self, request: RouteRequest, pool: list[Worker]) -> list[Estimate]:
+    def estimates(
+        self, request: RouteRequest, pool: list[Worker], catalog: Mapping[str, Worker] | None = None
+    ) -> list[Estimate]:
         """Per pool worker: predicted quality and cost (the catalog's prices at the prompt's tokens and
-        the completion tokens the worker is expected to write, capped by the request's max_tokens)."""
+        the completion tokens the worker is expected to write, capped by the request's max_tokens).
+        ``catalog``: the workers by name the pool was drawn from, where a ``profile_like`` is looked up
+        (default: this router's, read once: the whole call uses one catalog, whatever a reload does)."""
+        catalog = self._catalog(catalog)
         x = self._features(request.text, request.turns)
         quality = self._quality_of(x)
         tokens = self._output_tokens(x)
@@ -298,18 +324,21 @@ class LearnedRouter:
             if request.max_output_tokens:
                 expected = min(expected, request.max_output_tokens)
             cost = worker.cost_usd(prompt_tokens, int(round(expected)))
-            q, known = self._quality(worker, quality)
+            q, known = self._quality(worker, quality, catalog)
             out.append(Estimate(worker.name, q, cost, worker.active_params_b, known))
         return out
 
-    def route(self, request: RouteRequest, pool: tuple[Worker, ...]) -> RouteDecision:
+    def route(
+        self, request: RouteRequest, pool: tuple[Worker, ...], catalog: Mapping[str, Worker] | None = None
+    ) -> RouteDecision:
+        """One worker (first) and the fallback order, all from ``pool``; ``catalog``: as :meth:`estimates`."""
         if not pool:
             raise ValueError("the admissible pool is empty; the gateway must not call the router")
         candidates, tools_only = tool_capable(request, pool)
         by_name = {w.name: w for w in candidates}
         weight = self.cost_weight(request)
         choice = choose(
-            self.estimates(request, candidates),
+            self.estimates(request, candidates, catalog),
             weight.value,
             request.min_quality,
             request.prefer_fewer_active_params,
