@@ -6,8 +6,8 @@ removed or edited but for their embedder. What cannot is refused, and the catalo
 serving (CatalogFile says why on /readyz and GET /admin/workers, until the file changes again):
 
 * a change to a local worker (`local:`, a llama.cpp process started once, at start): "restart to apply";
-* another embedding model under the name of an in-process embedding worker (its `embedder` changed,
-  or it became, or stopped being, in-process): "restart to apply", with the reason. Vectors a client
+* another embedding model under the name of an embedding worker (an in-process one's `embedder`, a
+  remote one's `model`; or it became, or stopped being, in-process): "restart to apply", with the reason. Vectors a client
   made with that name before the edit would not compare with those made after it, silently (the
   embeddings endpoint never falls back to another model for that reason); a new model deserves a
   name of its own. An in-process embedder is a shared model keyed by its backend (retrieval/embed.py
@@ -52,15 +52,21 @@ def _local_change(name: str, before: Worker | None, after: Worker | None) -> str
     return None
 
 
+def _vectors_from(worker: Worker) -> str:
+    """What makes an embedding worker's vectors: its in-process backend, else its provider's model."""
+    return f"embedder {worker.embedder}" if worker.embedder else f"{worker.model} through litellm"
+
+
 def _embedder_change(name: str, before: Worker | None, after: Worker | None) -> str | None:
-    """Why the embedding model behind the name of an in-process embedding worker changed, or None."""
-    if before is None or after is None or before.embedder == after.embedder:
+    """Why the embedding model behind the name of an embedding worker changed (its in-process
+    `embedder`, or a remote worker's `model`), or None."""
+    if before is None or after is None:
         return None
     if before.kind != Kind.embedding or after.kind != Kind.embedding:
         return None  # a name that changes kind makes no vectors any more, or had made none: nothing to mix
-    old, new = (
-        f"embedder {w.embedder}" if w.embedder else f"{w.model} through litellm" for w in (before, after)
-    )
+    old, new = _vectors_from(before), _vectors_from(after)
+    if old == new:
+        return None
     return (
         f"the embedding model of worker {name} changed ({old} -> {new}), and vectors made with {name} "
         "before would not compare with those made after; to switch deliberately, restart, or add the "

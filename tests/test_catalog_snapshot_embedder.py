@@ -111,3 +111,26 @@ def test_another_model_under_an_in_process_workers_name_is_refused_with_the_reas
         assert embed(gw, "embed-static").status_code == 200  # the catalog in force serves
     finally:
         gw.server.stop()
+
+
+def test_another_model_under_a_remote_embedding_workers_name_is_refused_too(upstream, tmp_path):
+    """The same for a worker the provider embeds: its `model` is what makes its vectors."""
+    from tests.test_embeddings import REMOTE, embedding_workers
+
+    text = catalog_yaml_for(upstream.url) + embedding_workers(upstream.url)
+    gw, workers_file = start(upstream, tmp_path, text)
+    try:
+        edited = text.replace("model: openai/embed-model", "model: openai/embed-model-v2", 1)
+        assert edited != text
+        write_text(workers_file, edited)
+        refused = wait_refused(gw, edited)
+        assert refused["sha256"] == text_digest(text)
+        assert (
+            f"restart to apply: the embedding model of worker {REMOTE} changed (openai/embed-model through "
+            "litellm -> openai/embed-model-v2 through litellm)"
+        ) in refused["refused"]
+        priced = text.replace("input_price_per_m: 1.00", "input_price_per_m: 3.00", 1)  # data: applied
+        write_text(workers_file, priced)
+        wait_applied(gw, priced)
+    finally:
+        gw.server.stop()
