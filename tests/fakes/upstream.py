@@ -298,28 +298,30 @@ class FakeUpstream:
 
     async def _chat(self, request: Request) -> Response:
         arrived, generation = time.monotonic(), self.generation
-        try:
-            body = orjson.loads(await request.body())
-        except orjson.JSONDecodeError:
-            return JSONResponse({"error": {"message": "bad json", "type": "invalid_request_error"}}, 400)
-        self.requests.append(body)
-        self.headers.append(dict(request.headers))
-        model = str(body.get("model", ""))
+        received = await self._received(request)
+        if isinstance(received, Response):
+            return received
+        body, model = received
         try:
             return await self._answer(body, model)
         finally:
             if generation == self.generation:  # not a previous test's call that outlived its reset
                 self.spans.append((model, arrived, time.monotonic()))
 
-    async def _held(self, model: str) -> None:
-        """Wait while `model`'s calls are held (`hold`)."""
-        if (gate := self.held.get(model)) is not None:
-            if self.hold_after.get(model, 0) > 0:
-                self.hold_after[model] -= 1
-            else:
-                await asyncio.to_thread(gate.wait, HOLD_GUARD_S)
+    async def _received(self, request: Request) -> tuple[dict[str, Any], str] | Response:
+        """An OpenAI-wire request's body and model, recorded (`requests`, `headers`); the 400 for a
+        body that is not JSON."""
+        try:
+            body = orjson.loads(await request.body())
+        except orjson.JSONDecodeError:
+            return JSONResponse({"error": {"message": "bad json", "type": "invalid_request_error"}}, 400)
+        self.requests.append(body)
+        self.headers.append(dict(request.headers))
+        return body, str(body.get("model", ""))
 
-    async def _answer(self, body: dict[str, Any], model: str) -> Response:
+    async def _called(self, model: str) -> tuple[Behaviour, Response | None]:
+        """A call of `model` on the OpenAI wire, once its hold (`hold`) and latency are over: its
+        behaviour, the call counted, and the error answer when the behaviour fails this call."""
         await self._held(model)
         behaviour = self._behaviour(model)
         behaviour.calls += 1
@@ -330,7 +332,21 @@ class FakeUpstream:
             if behaviour.retry_after_s is not None:
                 headers["retry-after"] = str(behaviour.retry_after_s)
             error = {"message": f"fake upstream error {behaviour.status}", "type": "server_error"}
-            return JSONResponse({"error": error}, behaviour.status, headers=headers)
+            return behaviour, JSONResponse({"error": error}, behaviour.status, headers=headers)
+        return behaviour, None
+
+    async def _held(self, model: str) -> None:
+        """Wait while `model`'s calls are held (`hold`)."""
+        if (gate := self.held.get(model)) is not None:
+            if self.hold_after.get(model, 0) > 0:
+                self.hold_after[model] -= 1
+            else:
+                await asyncio.to_thread(gate.wait, HOLD_GUARD_S)
+
+    async def _answer(self, body: dict[str, Any], model: str) -> Response:
+        behaviour, refused = await self._called(model)
+        if refused is not None:
+            return refused
         if behaviour.raw_body is not None:
             media = behaviour.raw_media_type or (
                 "text/event-stream" if body.get("stream") else "application/json"
@@ -590,21 +606,13 @@ class FakeUpstream:
         "length" is an `incomplete` response (max_output_tokens); `stream_usage=False` leaves
         `usage` out of `response.completed`; `drop_after_chunks` / `end_after_chunks` cut the stream
         after N text deltas (a reset, or a body that ends with no `response.completed`)."""
-        try:
-            body = orjson.loads(await request.body())
-        except orjson.JSONDecodeError:
-            return JSONResponse({"error": {"message": "bad json", "type": "invalid_request_error"}}, 400)
-        self.requests.append(body)
-        self.headers.append(dict(request.headers))
-        model = str(body.get("model", ""))
-        await self._held(model)
-        behaviour = self._behaviour(model)
-        behaviour.calls += 1
-        if behaviour.latency_s:
-            await asyncio.sleep(behaviour.latency_s)
-        if behaviour.status and (behaviour.fail_times is None or behaviour.calls <= behaviour.fail_times):
-            error = {"message": f"fake upstream error {behaviour.status}", "type": "server_error"}
-            return JSONResponse({"error": error}, behaviour.status)
+        received = await self._received(request)
+        if isinstance(received, Response):
+            return received
+        body, model = received
+        behaviour, refused = await self._called(model)
+        if refused is not None:
+            return refused
         last = _responses_last_user_text(body)
         text = last if behaviour.text == ECHO else behaviour.text
         for needle, reply in (behaviour.replies or {}).items():
@@ -694,21 +702,13 @@ class FakeUpstream:
     async def _embeddings(self, request: Request) -> Response:
         """One deterministic unit vector per input (`fake_embedding`), `dimensions` honoured, float or
         base64 (little-endian float32) as asked; usage counts words (a token array: its length)."""
-        try:
-            body = orjson.loads(await request.body())
-        except orjson.JSONDecodeError:
-            return JSONResponse({"error": {"message": "bad json", "type": "invalid_request_error"}}, 400)
-        self.requests.append(body)
-        self.headers.append(dict(request.headers))
-        model = str(body.get("model", ""))
-        await self._held(model)
-        behaviour = self._behaviour(model)
-        behaviour.calls += 1
-        if behaviour.latency_s:
-            await asyncio.sleep(behaviour.latency_s)
-        if behaviour.status and (behaviour.fail_times is None or behaviour.calls <= behaviour.fail_times):
-            error = {"message": f"fake upstream error {behaviour.status}", "type": "server_error"}
-            return JSONResponse({"error": error}, behaviour.status)
+        received = await self._received(request)
+        if isinstance(received, Response):
+            return received
+        body, model = received
+        behaviour, refused = await self._called(model)
+        if refused is not None:
+            return refused
         inputs = body.get("input")
         if isinstance(inputs, str) or (inputs and all(isinstance(t, int) for t in inputs)):
             inputs = [inputs]
