@@ -61,6 +61,7 @@ router = APIRouter()
 _lock = threading.Lock()
 MAX_DOCUMENTS = 1000
 MAX_FILES = 256
+MAX_LIST_LIMIT = 1000  # documents per page of GET /v1/collections/{name}/documents
 
 
 def retriever(app: FastAPI) -> Retriever:
@@ -218,6 +219,7 @@ async def _documents_from_json(
         raise APIError(400, "delete must be a list of document ids", param="delete")
     if not raw_docs and not deletes:
         raise APIError(400, "Nothing to do: send documents (or files) and/or delete", param="documents")
+    _refuse_ingest_and_delete(raw_docs, deletes)
     docs, errors = [], []
     for i, raw in enumerate(raw_docs):
         if not isinstance(raw, dict):
@@ -232,6 +234,23 @@ async def _documents_from_json(
             continue
         docs.append(DocumentInput(doc.id, doc.text, doc.title, doc.metadata))
     return docs, deletes, errors
+
+
+def _refuse_ingest_and_delete(raw_docs: list, deletes: list[str]) -> None:
+    """A request that both ingests and deletes one id is refused whole, before anything is written:
+    applied in order it reported the document "created" and then deleted it, so the answer said
+    it was there while it was gone (and which of the two the client meant cannot be told)."""
+    ingested = {raw.get("id") for raw in raw_docs if isinstance(raw, dict) and isinstance(raw.get("id"), str)}
+    both = [d for d in dict.fromkeys(deletes) if d in ingested]
+    if both:
+        more = f" (and {len(both) - 1} more)" if len(both) > 1 else ""
+        raise APIError(
+            400,
+            f"Document id {both[0]!r}{more} is both in documents and in delete; send it in one of them. "
+            "Nothing was written or deleted.",
+            param="delete",
+            code="invalid_value",
+        )
 
 
 def _placed(err: APIError, where: str) -> str:
@@ -366,8 +385,15 @@ def _rejected(name: str, results, deleted: list[str], errors: list[dict]) -> JSO
 
 @router.get("/v1/collections/{name}/documents")
 async def list_documents(name: str, request: Request, limit: int = 100, after: str = "") -> JSONResponse:
-    collection = await _collection(request, await _tenant(request), name)
-    limit = max(1, min(limit, 1000))
+    tenant = await _tenant(request)
+    if not 1 <= limit <= MAX_LIST_LIMIT:  # checked before the lookup: a bad value is the client's error
+        raise APIError(
+            400,
+            f"limit must be an integer from 1 to {MAX_LIST_LIMIT}, not {limit}",
+            param="limit",
+            code="invalid_value",
+        )
+    collection = await _collection(request, tenant, name)
     data = await _on(collection, name, collection.list_documents, limit + 1, after)  # one more: a next page?
     return JSONResponse({"object": "list", "data": data[:limit], "has_more": len(data) > limit})
 
@@ -380,14 +406,17 @@ async def get_document(
     from retrieval.memory import best_passage
     from retrieval.text import tokenize
 
-    collection = await _collection(request, await _tenant(request), name)
+    tenant = await _tenant(request)
+    if level not in (0, 1, 2):  # before the lookup: a bad level is the client's error whatever exists
+        raise APIError(
+            400, "level must be 0 (index), 1 (passage) or 2 (full)", param="level", code="invalid_value"
+        )
+    collection = await _collection(request, tenant, name)
     record = await _on(collection, name, collection.document, doc_id)
     if record is None:
         raise APIError(
             404, f"No document '{doc_id}' in '{name}'.", type="not_found_error", code="document_not_found"
         )
-    if level not in (0, 1, 2):
-        raise APIError(400, "level must be 0 (index), 1 (passage) or 2 (full)", param="level")
     body: dict[str, Any] = {
         "object": "document",
         "id": record.id,

@@ -137,6 +137,9 @@ class QuerySpec:
     payload: list[str] | None = None
     with_dense: bool = False  # return the dense vector (to report the cosine)
     ids: list[str] | None = None  # restrict to these points
+    # chunk versions no document record names (an ingest in flight, or one a crash cut short): kept
+    # out of every stage, so they take no candidate's place (see `Collection._ranked`)
+    hidden_versions: list[str] | None = None
 
 
 @dataclass
@@ -353,7 +356,9 @@ class EdgeEngine(Engine):
     def query(self, spec: QuerySpec) -> list[Scored]:
         q = self.q
         E = q.Expression
-        flt = q.Filter(must=[q.HasIdCondition(set(spec.ids))]) if spec.ids is not None else None
+        must = [q.HasIdCondition(set(spec.ids))] if spec.ids is not None else None
+        must_not = [self._match("ver", spec.hidden_versions)] if spec.hidden_versions else None
+        flt = q.Filter(must=must, must_not=must_not) if must or must_not else None
         sparse = q.SparseVector(*spec.sparse) if spec.sparse is not None else None
         dense = spec.dense.tolist() if spec.dense is not None else None
         prefetches = None
@@ -517,7 +522,9 @@ class ClientEngine(Engine):
 
     def query(self, spec: QuerySpec) -> list[Scored]:
         m = self.m
-        flt = m.Filter(must=[m.HasIdCondition(has_id=list(spec.ids))]) if spec.ids is not None else None
+        must = [m.HasIdCondition(has_id=list(spec.ids))] if spec.ids is not None else None
+        must_not = [self._match("ver", spec.hidden_versions)] if spec.hidden_versions else None
+        flt = m.Filter(must=must, must_not=must_not) if must or must_not else None
         sparse = m.SparseVector(indices=spec.sparse[0], values=spec.sparse[1]) if spec.sparse else None
         dense = spec.dense.tolist() if spec.dense is not None else None
         prefetch = None

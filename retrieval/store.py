@@ -67,6 +67,10 @@ MAX_DOC_ID = 512
 # request's life; pruned only once this many are remembered.
 DROPS_REMEMBERED_S = 3600.0
 DROPS_PRUNE_ABOVE = 1024
+# A search whose candidates hold chunks of uncommitted versions runs again without them (`_ranked`);
+# each run leaves out every such version it met, so more runs are needed only when more of them than
+# a whole candidate set rank above the visible chunks.
+SEARCH_ROUNDS = 8
 
 
 def _reading(method: Callable[..., Any]) -> Callable[..., Any]:
@@ -322,35 +326,9 @@ class Collection:
             todo.reverse()
             if not todo:
                 return results
-            texts, token_lists, owners = [], [], []
-            for doc, digest, chunks in todo:
-                for chunk in chunks:  # the model reads the NFKC form, as queries are (`_ranked`)
-                    texts.append(normalize(f"{doc.title}. {chunk.text}" if doc.title else chunk.text))
-                    token_lists.append(tokenize(f"{doc.title} {chunk.text}" if doc.title else chunk.text))
-                    owners.append((doc, digest, chunk))
             started = time.perf_counter()
-            vectors = self.embedder.encode(texts)  # before any write: a failure leaves nothing behind
-            embedded = time.perf_counter()
-            params = self._fix_bm25(token_lists)
-            points = []
-            for (doc, digest, chunk), tokens, vector in zip(owners, token_lists, vectors, strict=True):
-                ver = version_of(doc.id, digest)
-                points.append(
-                    PointData(
-                        chunk_point_id(doc.id, ver, chunk.index),
-                        {
-                            "kind": "chunk",
-                            "doc": doc.id,
-                            "ver": ver,
-                            "idx": chunk.index,
-                            "text": chunk.text,
-                            "title": doc.title,
-                        },
-                        vector,
-                        bm25_document(tokens, params),
-                    )
-                )
-            self.engine.upsert(points)  # new version's chunks: invisible until their record commits
+            written, embed_seconds = self._write_versions(todo)
+            embedded = started + embed_seconds
             now = time.time()
             self.engine.upsert(
                 [
@@ -376,11 +354,48 @@ class Collection:
             self.engine.delete_chunks(
                 [doc.id for doc, _, _ in todo], [version_of(doc.id, digest) for doc, digest, _ in todo]
             )
-            self._after_write(len(points) + len(todo))
+            self._after_write(written + len(todo))
             if timings is not None:
                 timings["embed"] = timings.get("embed", 0.0) + (embedded - started)
                 timings["index"] = timings.get("index", 0.0) + (time.perf_counter() - embedded)
         return results
+
+    def _write_versions(self, todo: list[tuple[DocumentInput, str, list]]) -> tuple[int, float]:
+        """The first step of an ingest: embed and write the chunks of each new version, under point ids
+        of that version, so nothing visible changes. Until `ingest` writes the document records (the
+        commit) a search does not show them; a crash between the two steps leaves them behind, unseen,
+        until the document is ingested again. The caller holds `_write`. Returns the number of
+        chunks written and the seconds spent embedding."""
+        texts, token_lists, owners = [], [], []
+        for doc, digest, chunks in todo:
+            for chunk in chunks:  # the model reads the NFKC form, as queries are (`_ranked`)
+                texts.append(normalize(f"{doc.title}. {chunk.text}" if doc.title else chunk.text))
+                token_lists.append(tokenize(f"{doc.title} {chunk.text}" if doc.title else chunk.text))
+                owners.append((doc, digest, chunk))
+        started = time.perf_counter()
+        vectors = self.embedder.encode(texts)  # before any write: a failure leaves nothing behind
+        embedded = time.perf_counter()
+        params = self._fix_bm25(token_lists)
+        points = []
+        for (doc, digest, chunk), tokens, vector in zip(owners, token_lists, vectors, strict=True):
+            ver = version_of(doc.id, digest)
+            points.append(
+                PointData(
+                    chunk_point_id(doc.id, ver, chunk.index),
+                    {
+                        "kind": "chunk",
+                        "doc": doc.id,
+                        "ver": ver,
+                        "idx": chunk.index,
+                        "text": chunk.text,
+                        "title": doc.title,
+                    },
+                    vector,
+                    bm25_document(tokens, params),
+                )
+            )
+        self.engine.upsert(points)  # new version's chunks: invisible until their record commits
+        return len(points), embedded - started
 
     def _after_write(self, changed: int) -> None:
         """An embedded shard optimises (indexes, vacuums) only when asked: ask every
@@ -492,7 +507,8 @@ class Collection:
     def rank(
         self, query: str, k: int = 10, mode: str = "bm25_dense", candidates: int | None = None
     ) -> list[tuple[str, float, float | None, float | None]]:
-        """(chunk key, score, bm25 score, dense score), best first: one Qdrant query, no texts.
+        """(chunk key, score, bm25 score, dense score), best first: one Qdrant query (run again only
+        when it met uncommitted chunks, see `_ranked`), no texts.
 
         The per-part scores are filled as far as that one query gives them (`search` gives both)."""
         return [
@@ -501,32 +517,33 @@ class Collection:
         ]
 
     def _ranked(self, query, k, mode, candidates, details):
+        """The top `k` visible chunks: (payload, score, bm25 score, dense score), best first.
+
+        Chunks no document record names (a new version an ingest has written but not committed yet,
+        or one a crash left behind) never show, and never take a visible chunk's place: when the
+        top `k` hold such a version, the query runs again with the versions met so far filtered out
+        inside Qdrant, in every stage (BM25 prefetch, dense re-score, fusion), until the top `k` hold
+        none (at most SEARCH_ROUNDS runs). A search that meets none, nearly all, runs once, as
+        before. Only BM25's IDF still counts them, as it counts every stored point."""
         if mode not in MODES:
             raise ValueError(f"unknown search mode {mode!r}; expected one of {', '.join(MODES)}")
         if k <= 0 or (self.bm25_params is None and self._shared_bm25() is None):  # nothing was ever written
             return []
         config = self.retriever.config
-        pool = max(k, candidates or config.candidates)
+        pool = max(candidates or config.candidates, k)
         tokens = tokenize(query)
         sparse = bm25_query(tokens) if tokens else None
         vector = self.embedder.encode_query(normalize(query)) if mode != "bm25" else None
         payload = ["doc", "ver", "idx"] + (["text", "title"] if details else [])
-        if sparse is None and mode in ("bm25", "bm25_dense"):
-            found = []  # no query term: BM25 matches nothing
-        else:
-            run_mode = "dense" if mode == "rrf" and sparse is None else mode
-            found = self.engine.query(
-                QuerySpec(run_mode, k, pool, sparse, vector, config.fusion, payload, with_dense=details)
-            )
-        fill = mode == "bm25_dense" and len(found) < k
-        lexical_ids: set[str] = set()
-        if fill:  # too few lexical matches (vocabulary mismatch): dense neighbours fill the rest
-            lexical_ids = {p.id for p in found}
-            extra = self.engine.query(
-                QuerySpec("dense", k, pool, None, vector, config.fusion, payload, details)
-            )
-            found = found + [p for p in extra if p.id not in lexical_ids][: k - len(found)]
-        found = self._visible(found)
+        hidden: set[str] = set()
+        for _ in range(SEARCH_ROUNDS):
+            found, fill = self._candidates(mode, k, pool, sparse, vector, payload, details, hidden)
+            uncommitted = self._uncommitted(found)
+            if not uncommitted - hidden - {None}:  # none met (or none Qdrant can filter out)
+                break
+            hidden |= uncommitted - {None}
+        # bounded: what is still uncommitted after the last round is left out, never shown
+        found = [p for p in found if p.payload.get("ver") not in uncommitted]
         bm25_scores: dict[str, float] = {}
         if details and found and sparse is not None and mode != "bm25":
             ids = [p.id for p in found]
@@ -554,14 +571,50 @@ class Collection:
             out.sort(key=lambda item: -item[1])
         return out
 
-    def _visible(self, found):
-        """Only chunks of the committed version of a document that exists."""
+    def _candidates(self, mode, k, pool, sparse, vector, payload, details, hidden: set[str]):
+        """One run of the query without the `hidden` versions: its top `k`, best first, and whether
+        dense neighbours filled in for too few BM25 matches."""
+        config = self.retriever.config
+        hide = sorted(hidden) or None
+        if sparse is None and mode in ("bm25", "bm25_dense"):
+            found = []  # no query term: BM25 matches nothing
+        else:
+            run_mode = "dense" if mode == "rrf" and sparse is None else mode
+            found = self.engine.query(
+                QuerySpec(
+                    run_mode,
+                    k,
+                    pool,
+                    sparse,
+                    vector,
+                    config.fusion,
+                    payload,
+                    with_dense=details,
+                    hidden_versions=hide,
+                )
+            )
+        fill = mode == "bm25_dense" and len(found) < k
+        if fill:  # too few lexical matches (vocabulary mismatch): dense neighbours fill the rest
+            lexical_ids = {p.id for p in found}
+            extra = self.engine.query(
+                QuerySpec(
+                    "dense", k, pool, None, vector, config.fusion, payload, details, hidden_versions=hide
+                )
+            )
+            found = found + [p for p in extra if p.id not in lexical_ids][: k - len(found)]
+        return found, fill
+
+    def _uncommitted(self, found) -> set[str]:
+        """The versions among `found` that are not their document's committed one (or whose document
+        does not exist): an ingest in flight, a crash between its two steps, a delete's leftovers."""
         if not found:
-            return found
+            return set()
         docs = sorted({p.payload["doc"] for p in found})
         records = self.engine.retrieve([doc_point_id(d) for d in docs], ["doc", "ver"])
         committed = {r["doc"]: r["ver"] for r in records.values()}
-        return [p for p in found if committed.get(p.payload["doc"]) == p.payload.get("ver")]
+        return {
+            p.payload.get("ver") for p in found if committed.get(p.payload["doc"]) != p.payload.get("ver")
+        }
 
     def close(self) -> None:
         self.engine.close()
