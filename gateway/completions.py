@@ -1023,9 +1023,7 @@ async def _cut_at_shutdown(state: AppState, ex: Exchange, failures: list[WorkerE
     worker = tried[-1].worker if tried else "-"
     await ex.finish(state, None, status, failures, trace=trace)
     ex.trace.error(status, "cancelled")
-    state.metrics.errors.labels("cancelled").inc()
-    state.metrics.requests.labels(worker, ex.decision.strategy, str(status)).inc()
-    state.metrics.observe_latency(ex.started, ex.chat.stream)
+    _count_unanswered(state, ex, "cancelled", worker, status)
     log.warning(
         "request %s: cancelled while calling workers (the gateway is shutting down); %d call(s) given up",
         ex.request_id,
@@ -1246,9 +1244,7 @@ async def _client_gone(
         trace=trace,
     )
     ex.trace.error(status, "client_disconnected")
-    state.metrics.errors.labels("client_disconnected").inc()
-    state.metrics.requests.labels(worker or "-", ex.decision.strategy, str(status)).inc()
-    state.metrics.observe_latency(ex.started, ex.chat.stream)
+    _count_unanswered(state, ex, "client_disconnected", worker or "-", status)
     err = APIError(status, "the client closed the request before its answer", code="client_disconnected")
     err.headers = {**ex.headers, **_left_out(ex)}
     return ex.wire.error(err)
@@ -1277,11 +1273,17 @@ async def _failed(
     # a workflow answered in fast mode, and nobody answered: traced as such (and who was left out)
     trace = _degraded_trace(ex, None, Usage(), failures)
     await ex.finish(state, None, err.status, failures, trace=trace)
-    state.metrics.errors.labels(err.code or err.type).inc()
-    state.metrics.requests.labels(worker, ex.decision.strategy, str(err.status)).inc()
-    # the slowest requests are often these (retries, fallbacks, the deadline): they count in the latency
-    state.metrics.observe_latency(ex.started, ex.chat.stream)
+    _count_unanswered(state, ex, err.code or err.type, worker, err.status)
     return ex.wire.error(err)
+
+
+def _count_unanswered(state: AppState, ex: Exchange, error: str, worker: str, status: int) -> None:
+    """Fast mode's request that ended without an answer for its client (failed, cut at shutdown, its
+    client gone), in the error, request and latency metrics: the slowest requests are often these
+    (retries, fallbacks, the deadline), so they count in the latency too."""
+    state.metrics.errors.labels(error).inc()
+    state.metrics.requests.labels(worker, ex.decision.strategy, str(status)).inc()
+    state.metrics.observe_latency(ex.started, ex.chat.stream)
 
 
 class EventStream(StreamingResponse):

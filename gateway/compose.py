@@ -852,10 +852,7 @@ class PendingBooks:
     def __init__(self, state) -> None:
         self._written = asyncio.get_running_loop().create_future()
         self._writing: asyncio.Task | None = None
-        state.spawn(self._until_written())
-
-    async def _until_written(self) -> None:
-        await asyncio.shield(self._written)
+        state.awaits(self._written)  # a future, not a task: fast mode makes one per request
 
     async def write(self, coro) -> None:
         """Run the bookkeeping ``coro`` in a task of its own and wait for it, shielded: cancelling
@@ -866,7 +863,7 @@ class PendingBooks:
 
     def _wrote(self, task: asyncio.Task) -> None:
         if not task.cancelled() and task.exception() is not None:
-            log.error("a composed request's bookkeeping failed", exc_info=task.exception())
+            log.error("a request's bookkeeping failed", exc_info=task.exception())
         self._end()
 
     def done(self) -> None:

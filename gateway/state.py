@@ -50,7 +50,9 @@ class AppState:
     stores: Stores
     catalog_file: CatalogFile  # the catalog file on disk vs the catalog in force (policies/catalog_file.py)
     local: dict[str, LocalWorkerProcess] = field(default_factory=dict)
-    background: set[asyncio.Task] = field(default_factory=set)
+    # what the shutdown waits for before it closes the ledger: bookkeeping tasks (`spawn`) and the
+    # books of requests still calling workers (`awaits`, gateway/compose.py PendingBooks)
+    background: set[asyncio.Future] = field(default_factory=set)
     judge: Judge = field(default_factory=Judge)  # judge-labelled traffic (gateway/judge.py)
 
     @property
@@ -63,7 +65,14 @@ class AppState:
         self.background.add(task)
         task.add_done_callback(self._done)
 
-    def _done(self, task: asyncio.Task) -> None:
+    def awaits(self, pending: asyncio.Future) -> None:
+        """Have the shutdown wait for ``pending`` (until it is done, or cancelled after the shutdown's
+        grace) as it waits for spawned bookkeeping, without a task of its own: a request's books are
+        pending on every request that calls a worker, so this costs no task on the hot path."""
+        self.background.add(pending)
+        pending.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Future) -> None:
         self.background.discard(task)
         if not task.cancelled() and task.exception() is not None:
             log.error("background bookkeeping failed", exc_info=task.exception())

@@ -22,6 +22,7 @@ import asyncio
 import logging
 import math
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -707,7 +708,9 @@ class OpenStream:
     cost_usd: Decimal = field(default=Decimal(0))
     messages: list[dict[str, Any]] | None = None  # to count the prompt if the provider reports no usage
     trace: Any = None  # the worker call's span (tracing.WorkerCall), ended with the stream
-    prelude: list[Any] = field(default_factory=list)  # chunks without choices that came before `first`
+    # the chunks before `first` that carry none of the answer (`_past_prelude`): choice-less ones, the
+    # message's opening, and any the worker sends before its answer begins (a reasoning model's)
+    prelude: list[Any] = field(default_factory=list)
     finish_reasons: list[str] = field(default_factory=list)
     _texts: list[str] = field(default_factory=list)
     _usage: dict[str, Any] | None = None  # the provider's latest usage (a running count is replaced)
@@ -716,11 +719,11 @@ class OpenStream:
     attempts: tuple[Attempt, ...] = ()  # this worker's calls given up before this stream opened
 
     async def __aiter__(self) -> AsyncIterator[dict[str, Any]]:
-        pending = [*self.prelude, self.first]
+        pending = deque((*self.prelude, self.first))  # a long prelude is let out in linear time
         last: dict[str, Any] = {}
         try:
             while True:
-                raw = pending.pop(0) if pending else await anext(self.rest)
+                raw = pending.popleft() if pending else await anext(self.rest)
                 if _finish_made_up(self.rest, raw):
                     raise StreamCut()
                 chunk = clean_chunk(self.worker, _raw_dict(raw))

@@ -105,8 +105,8 @@ class LearnedRouter:
     ) -> None:
         """``catalog``: the catalog's workers by name, so a ``profile_like`` naming a worker the model
         has no column for (every catalog worker, under the shipped prior) starts from that worker's
-        own prior rather than being ignored; a routing call may be given the catalog of its request
-        instead (``route``, ``estimates``, ``basis``: ``catalog``), and reads this one once otherwise.
+        own prior rather than being ignored (a catalog reload puts a copy over the new one in force:
+        :meth:`with_catalog`, so a router's catalog does not change under a routing call).
         ``default_cost_weight``: the operator's λ (POLYROUTE_COST_WEIGHT); None when unset, so the
         card's operating λ, else 0.5, applies (:func:`resolve_cost_weight`)."""
         if not 0 <= exploration <= 0.5:
@@ -141,10 +141,6 @@ class LearnedRouter:
         router = copy.copy(self)
         router.catalog = dict(catalog)
         return router
-
-    def _catalog(self, catalog: Mapping[str, Worker] | None) -> Mapping[str, Worker]:
-        """The catalog one call reads throughout: the one it was given, else this router's, read once."""
-        return self.catalog if catalog is None else catalog
 
     @property
     def planner(self) -> Any:
@@ -209,14 +205,15 @@ class LearnedRouter:
     def _quality(
         self, worker: Worker, predicted: dict[str, float], catalog: Mapping[str, Worker] | None = None
     ) -> tuple[float, bool]:
-        """(quality estimate, whether the model has seen the worker); ``catalog``: as :meth:`estimates`.
+        """(quality estimate, whether the model has seen the worker); ``catalog``: where a
+        ``profile_like`` is looked up (default: this router's).
 
         A worker whose catalog entry names `profile_like` starts from that worker's prediction for
         this very query (so a new code model inherits a code model's strengths, not an average), and
         blends towards its own model as its labelled examples n grow: weight n / (n + prior_strength).
         A profile the model has no column for either lends its own prior (its tier's).
         """
-        like = self._profile(worker, predicted, self._catalog(catalog))
+        like = self._profile(worker, predicted, self.catalog if catalog is None else catalog)
         if worker.name not in predicted:
             return (like if like is not None else self._prior(worker, predicted)), False
         if like is None:
@@ -274,7 +271,7 @@ class LearnedRouter:
         """What this router's estimate for ``worker`` rests on, for the model card and /admin/router:
         ``calibrated`` (its own labels: probes or training data), ``profile_like`` or ``prior`` (its tier).
         ``catalog``: the workers by name ``worker`` was read from (default: this router's)."""
-        catalog = self._catalog(catalog)
+        catalog = self.catalog if catalog is None else catalog
         if worker.name in self._column:
             onboarded = (self.artifact.card.get("onboarding") or {}).get(worker.name)
             return {
@@ -304,14 +301,10 @@ class LearnedRouter:
         worst = "the worst known worker's quality for each query"
         return f"{worst} (a base model)" if rule == "base model" else worst
 
-    def estimates(
-        self, request: RouteRequest, pool: list[Worker], catalog: Mapping[str, Worker] | None = None
-    ) -> list[Estimate]:
+    def estimates(self, request: RouteRequest, pool: list[Worker]) -> list[Estimate]:
         """Per pool worker: predicted quality and cost (the catalog's prices at the prompt's tokens and
-        the completion tokens the worker is expected to write, capped by the request's max_tokens).
-        ``catalog``: the workers by name the pool was drawn from, where a ``profile_like`` is looked up
-        (default: this router's, read once: the whole call uses one catalog, whatever a reload does)."""
-        catalog = self._catalog(catalog)
+        the completion tokens the worker is expected to write, capped by the request's max_tokens)."""
+        catalog = self.catalog  # read once: the whole call uses one catalog
         x = self._features(request.text, request.turns)
         quality = self._quality_of(x)
         tokens = self._output_tokens(x)
@@ -328,17 +321,15 @@ class LearnedRouter:
             out.append(Estimate(worker.name, q, cost, worker.active_params_b, known))
         return out
 
-    def route(
-        self, request: RouteRequest, pool: tuple[Worker, ...], catalog: Mapping[str, Worker] | None = None
-    ) -> RouteDecision:
-        """One worker (first) and the fallback order, all from ``pool``; ``catalog``: as :meth:`estimates`."""
+    def route(self, request: RouteRequest, pool: tuple[Worker, ...]) -> RouteDecision:
+        """One worker (first) and the fallback order, all from ``pool``."""
         if not pool:
             raise ValueError("the admissible pool is empty; the gateway must not call the router")
         candidates, tools_only = tool_capable(request, pool)
         by_name = {w.name: w for w in candidates}
         weight = self.cost_weight(request)
         choice = choose(
-            self.estimates(request, candidates, catalog),
+            self.estimates(request, candidates),
             weight.value,
             request.min_quality,
             request.prefer_fewer_active_params,

@@ -17,6 +17,7 @@ import logging
 import os
 import select
 import threading
+import time
 from contextlib import contextmanager
 from decimal import Decimal
 
@@ -75,12 +76,22 @@ def put_held(gw, tmp_path, policy: dict):
         assert readable, "the PUT did not start writing the policy file"
         yield result
     finally:
-        os.set_blocking(reader, True)
-        while os.read(reader, 65536):  # to the end: the PUT closes the file, then swaps
-            pass
+        drain_until_done(reader, caller)
         os.close(reader)
-        caller.join(timeout=TIMEOUT_S * 2)
         assert not caller.is_alive(), "the PUT did not finish"
+
+
+def drain_until_done(reader: int, caller: threading.Thread) -> None:
+    """Read the pipe until the PUT's thread has ended, keeping this read end open meanwhile. Reading
+    only to the first end of file is not enough: a PUT that has not opened the pipe yet (this test
+    failed before it did) reads as the end, and once the reader is closed its open would block
+    forever, holding the policy lock in a worker thread of the gateway that its shutdown then waits
+    on. Bounded: the PUT's own timeout ends it."""
+    deadline = time.monotonic() + TIMEOUT_S * 3
+    while caller.is_alive() and time.monotonic() < deadline:
+        readable, _, _ = select.select([reader], [], [], 0.1)
+        if not readable or not os.read(reader, 65536):  # nothing yet, or the end: is the PUT done?
+            caller.join(0.1)
 
 
 def reload_tried(gw, caplog, edited: str) -> str:

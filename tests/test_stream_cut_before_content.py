@@ -23,7 +23,9 @@ import openai
 import orjson
 import pytest
 
-from gateway.upstream import ATTEMPTS_HEADER
+from gateway.metrics import Metrics
+from gateway.schemas import ChatCompletionRequest
+from gateway.upstream import ATTEMPTS_HEADER, WorkerClient
 from policies import parse_catalog
 from tests.conftest import FAKE_KEY_ENV, Gateway, catalog_yaml_for, ledger_record, start_gateway
 from tests.fakes.upstream import FakeUpstream
@@ -228,3 +230,66 @@ def test_an_anthropic_workers_stream_cut_after_content_is_still_a_mid_stream_err
     assert len(fake.requests_for("claude-fake")) == 1 and not fake.requests_for("cheap-model")
     record = ledger_record(gw, headers["x-polyroute-request-id"])
     assert record["status"] == 502 and record["trace"]["stream"] == "mid_stream_error"
+
+
+# ---- what opens a stream: the first chunk with some of the answer, whatever its kind ----------------
+def _sse(*chunks: dict) -> str:
+    """An OpenAI-wire stream body: each chunk as an event, then [DONE]."""
+    base = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1, "model": "cheap-model"}
+    return "".join(f"data: {orjson.dumps({**base, **c}).decode()}\n\n" for c in chunks) + "data: [DONE]\n\n"
+
+
+def _delta(finish: str | None = None, **delta) -> dict:
+    return {"choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+
+
+ROLE = _delta(role="assistant", content="")
+USAGE = {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}}
+TOOL_CALL = {"index": 0, "id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+OPENINGS = {  # the worker's chunks, and the finish reason the client gets
+    # empty-string deltas before the text: held back with the role chunk, then passed on in order
+    "empty-deltas-first": (
+        [ROLE, _delta(content=""), _delta(content=""), _delta(content="hi"), _delta("stop")],
+        "stop",
+    ),
+    # a tool call in the opening chunk itself (content null): that chunk starts the answer
+    "tool-call": (
+        [_delta(role="assistant", content=None, tool_calls=[TOOL_CALL]), _delta("tool_calls")],
+        "tool_calls",
+    ),
+    # an empty answer: a finish alone (and the usage after it) is a whole answer, not a cut
+    "finish-only": ([ROLE, _delta("stop")], "stop"),
+}
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("fast_path", [True, False], ids=["wire", "litellm"])
+@pytest.mark.parametrize("opening", list(OPENINGS))
+async def test_a_stream_opens_at_its_first_chunk_with_some_of_the_answer(
+    fake, monkeypatch, fast_path, opening
+):
+    """Role chunks, empty deltas and usage-only chunks are no answer; text, a tool call or a finish
+    is: the stream opens there on its first call (nothing retried, nothing fallen back from) and every
+    chunk reaches the client, in order, with the provider's usage at the end."""
+    monkeypatch.setenv(FAKE_KEY_ENV, "sk-test-upstream")
+    chunks, finish = OPENINGS[opening]
+    fake.behave("cheap-model", raw_body=_sse(*chunks, USAGE))
+    worker = parse_catalog(catalog_yaml_for(fake.url)).get("cheap")
+    client = WorkerClient(Metrics(), retries=RETRIES, backoff_s=0.01, fast_path=fast_path)
+    chat = ChatCompletionRequest(model="cheap", messages=MESSAGES, stream=True)
+    try:
+        stream = await client.open_stream(worker, worker.api_base, chat)
+        out = [chunk async for chunk in stream]
+    finally:
+        await client.aclose()
+    assert len(fake.requests_for("cheap-model")) == 1
+    deltas = [c["choices"][0]["delta"] for c in out if c["choices"]]
+    assert deltas[0].get("role") == "assistant"  # the opening still leads
+    assert "".join(d.get("content") or "" for d in deltas) == (
+        "hi" if opening == "empty-deltas-first" else ""
+    )
+    assert [d["tool_calls"][0]["function"]["name"] for d in deltas if d.get("tool_calls")] == (
+        ["f"] if opening == "tool-call" else []
+    )
+    assert stream.finish_reasons == [finish]
+    assert out[-1]["usage"]["completion_tokens"] == 2
