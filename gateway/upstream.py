@@ -198,7 +198,7 @@ def attempt_of(worker: Worker, exc: BaseException) -> Attempt:
         return Attempt(worker.name, "not_sent", status, False)
     if isinstance(exc, litellm.Timeout) or any(isinstance(e, TimeoutError) for e in chain):
         return Attempt(worker.name, "timeout", status, True)
-    if any(isinstance(e, TRANSPORT) for e in chain):
+    if any(isinstance(e, (*TRANSPORT, StreamCut)) for e in chain):  # a cut stream: as the fast path books it
         return Attempt(worker.name, "connection_lost", status, True)
     return Attempt(worker.name, "unreadable", status, True)  # an answer that could not be read
 

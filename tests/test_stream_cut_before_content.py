@@ -115,6 +115,8 @@ def _fell_back(
     assert record["status"] == 200 and record["worker"] == "cheap" and record["fallbacks"] == [failed]
     assert [a["worker"] for a in record["trace"]["attempts"]] == [failed] * (1 + RETRIES)
     assert all(a["may_be_billed"] for a in record["trace"]["attempts"])  # the calls reached the worker
+    # a cut stream is a lost connection on both paths (litellm's StreamCut, the fast path's disconnect)
+    assert {a["outcome"] for a in record["trace"]["attempts"]} == {"connection_lost"}
     assert "stream" not in record["trace"]  # not a stream cut mid-way
 
 
