@@ -190,5 +190,6 @@ def test_ingest_reports_a_collection_name_the_gateway_refuses(ingest_gateway, tm
     (tmp_path / "good.txt").write_text("Alpha centauri is the nearest star system.")
     args = ["ingest", str(tmp_path), "--collection", "[/x]", "--url", ingest_gateway.url]
     result = runner.invoke(app, [*args, "--api-key", ingest_gateway.api_key], env=WIDE)
-    assert result.exit_code == 1, result.exception  # refused as a whole, said, not a traceback
-    assert "was not ingested" in said(result) and "not ingested: good.txt" in said(result)
+    # refused before anything is sent (the gateway's own name rule), said as text, not a traceback
+    assert result.exit_code == 2, result.exception
+    assert "[/x]" in said(result) and "Nothing was read or sent" in said(result)
