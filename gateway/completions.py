@@ -408,7 +408,17 @@ def final_error(failures: list[WorkerError]) -> APIError:
             code="context_length_exceeded",
             param="messages",
         )
-    if not last.fallback:  # the request itself was refused upstream: the client must change it
+    if called and all(f.unsupported for f in called):  # no worker tried has these parameters
+        names = list(dict.fromkeys(name for f in called for name in f.unsupported))
+        return APIError(
+            400,
+            f"{_tried(called, 'cannot', 'cannot')} take {', '.join(names)}: leave "
+            f"{'it' if len(names) == 1 else 'them'} out, or ask another worker. {summary}",
+            code="unsupported_parameter",
+            param=names[0],
+        )
+    # the request itself was refused upstream: the client must change it
+    if not last.fallback and not last.unsupported:
         return APIError(last.status if 400 <= last.status < 500 else 400, summary, code="upstream_rejected")
     if all(f.status == 429 for f in failures):
         return APIError(
@@ -983,7 +993,7 @@ async def _first_success(
             failures.append(err)
             if err.context_exceeded:
                 too_long_for = max(too_long_for, worker.context_window)
-            if not err.fallback:
+            if not err.fallback and not err.unsupported:  # a parameter another worker may have
                 break
         except BaseException:  # cancelled (client gone, deadline) or a bug: no hold outlives the request
             await asyncio.shield(ex.release(state))

@@ -9,7 +9,15 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from policies.cost import token_chars
 
@@ -173,6 +181,18 @@ class ChatCompletionRequest(BaseModel):
                 "give tools, or tool_choice auto or none"
             )
         return self
+
+    @field_validator("stream_options")
+    @classmethod
+    def _stream_options_need_stream(
+        cls, options: StreamOptions | None, info: ValidationInfo
+    ) -> StreamOptions | None:
+        """`stream_options` without `stream: true` is refused, as OpenAI refuses it, rather than
+        ignored: a plain answer has no usage chunk to include. (`stream` is declared, so validated,
+        first; a `stream` that failed validation is reported on its own.)"""
+        if options is not None and info.data.get("stream") is False:
+            raise ValueError("stream_options is only allowed when stream is true")
+        return options
 
     @field_validator("tools")
     @classmethod

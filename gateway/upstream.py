@@ -94,6 +94,9 @@ class WorkerError(Exception):
         # answer, one with the same or a smaller window would fail the same way.
         self.context_exceeded = context_exceeded
         self.retry_after_s = retry_after_s  # the worker's Retry-After (a 429's, a 503's), if it sent one
+        # The request's parameters this worker's provider has none of (wire.unsupported_params): it
+        # was not called; another worker may take them, a pinned one's client must leave them out.
+        self.unsupported: tuple[str, ...] = ()
         # What the failed call cost: a 200 that held no answer was still billed by the provider.
         self.prompt_tokens = 0
         self.completion_tokens = 0
@@ -190,6 +193,8 @@ def attempt_of(worker: Worker, exc: BaseException) -> Attempt:
     status = _status_of(exc)
     if isinstance(exc, EmptyAnswer):
         return Attempt(worker.name, "empty_answer", status, True)
+    if wire.unsupported_params(exc):  # litellm refused to build the request: nothing was sent
+        return Attempt(worker.name, "not_sent", status, False)
     chain = _causes(exc)
     answered = _answered_status(chain)
     if answered is not None:
@@ -312,6 +317,17 @@ def _is_retryable(exc: BaseException) -> bool:
 
 
 def to_worker_error(worker: Worker, exc: BaseException) -> WorkerError:
+    if unsupported := wire.unsupported_params(exc):
+        err = WorkerError(
+            worker.name,
+            400,
+            f"400 cannot take {', '.join(unsupported)}: {worker.model} has no such parameter "
+            "(the worker was not called)",
+            # the client's to change for this worker; chat's `auto` tries the next one (`unsupported`)
+            fallback=False,
+        )
+        err.unsupported = unsupported
+        return err
     status = _status_of(exc)
     message = str(getattr(exc, "message", None) or exc).strip() or type(exc).__name__
     if len(message) > 500:

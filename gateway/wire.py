@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import weakref
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
@@ -140,6 +141,31 @@ class WireRoute:
         status = code if isinstance(code, int) and 400 <= code < 600 else 500
         mapped = self._mapped(self.config.get_error_class(str(message or error), status, httpx.Headers()))
         return refused(mapped, status) if from_provider else mapped
+
+
+# litellm's UnsupportedParamsError names the parameters in its message, as a Python list
+# ("anthropic does not support parameters: ['seed'], for model=..."); it carries no field for them.
+_UNSUPPORTED_LIST = re.compile(r"does not support parameters: \[([^\]]*)\]")
+_QUOTED = re.compile(r"'([^']+)'")
+
+
+def unsupported_params(exc: BaseException) -> tuple[str, ...]:
+    """The request parameters a worker's provider has no equivalent for, when litellm refused to
+    build the worker's request for them (`UnsupportedParamsError`, raised by `get_optional_params`
+    on both paths before anything is sent); () for any other failure.
+
+    Such a refusal is about the worker, not the request: another worker may take the same
+    parameters (`auto` falls back), and a pinned worker's client must be told which one to leave
+    out, in OpenAI's terms rather than litellm's advice to set `drop_params`."""
+    seen: list[BaseException] = []
+    while exc is not None and len(seen) < 16 and all(exc is not s for s in seen):
+        if isinstance(exc, litellm.UnsupportedParamsError):
+            found = _UNSUPPORTED_LIST.search(str(getattr(exc, "message", "") or exc))
+            names = tuple(_QUOTED.findall(found.group(1))) if found else ()
+            return names or ("(a parameter litellm did not name)",)
+        seen.append(exc)
+        exc = exc.__cause__ or exc.__context__
+    return ()
 
 
 REFUSED_ATTR = "polyroute_refused_status"
