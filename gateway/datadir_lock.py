@@ -8,10 +8,11 @@ dir, and a second gateway is refused at start with a message naming the holder.
 The lock is `flock(LOCK_EX | LOCK_NB)` on an open file description: the kernel drops it when the
 holder's last descriptor closes, so a gateway killed with SIGKILL leaves no stale lock, and a lock
 file left behind by a dead process blocks nobody. Two opens in one process conflict as two
-processes do (a second app built in the same process is refused too). The pid, host, configured
-address (the settings' host:port: the app is built before uvicorn binds, and uvicorn's own --port
-never reaches it) and start time written into the file are for the refusal message only; nothing
-decides on them.
+processes do (a second app built in the same process is refused too). The pid, host, address and start
+time written into the file are for the refusal message only; nothing decides on them. The address is
+the one `polyroute serve` bound (it binds before it locks, so `--port 0` is named as the port it
+became); under `uvicorn … --factory` it is the configured one (the settings' host:port: the app is
+built before uvicorn binds, and uvicorn's own --port never reaches it).
 
 The CLI commands that work beside a running gateway (`keys`, `router train|activate|rollback|
 calibrate`, `ledger export`) do not take this lock: their writes are made to be concurrent with it.

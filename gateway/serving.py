@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 from typing import Any
 
 from gateway.settings import Settings
@@ -130,3 +131,21 @@ def uvicorn_options(settings: Settings) -> dict[str, Any]:
         "timeout_graceful_shutdown": settings.graceful_shutdown_s,
         "access_log": False,
     }
+
+
+def listening_socket(host: str, port: int) -> socket.socket:
+    """The gateway's listening socket, bound before anything starts (as uvicorn binds its own:
+    SO_REUSEADDR, IPv6 for an IPv6 host). `polyroute serve` binds it first so that a port in use is
+    refused in one line before the data dir is touched or a local worker started, and so that the
+    port actually bound (`--port 0`) is the one the banner and the data-dir lock name. OSError when
+    the address cannot be bound."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    sock.set_inheritable(True)
+    return sock

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -189,13 +190,31 @@ def serve(
         console.print(f"[red]cannot start:[/] {escape(str(exc))}")
         raise typer.Exit(2) from None
     from gateway.datadir_lock import DataDirLock, DataDirLocked
+    from gateway.serving import listening_socket, uvicorn_options
 
-    # one gateway per data dir, refused before anything under it is written (the models included)
-    lock = DataDirLock(settings.data_dir, settings.host, settings.port)
+    # the port first: one in use is refused before a local worker starts, and `--port 0` is named
+    # as the port it became, in the banner and the data-dir lock
+    try:
+        sock: socket.socket | None = listening_socket(settings.host, settings.port)
+    except OSError as exc:
+        sock, unbound = None, exc
+    port = sock.getsockname()[1] if sock is not None else settings.port
+    # one gateway per data dir, refused before anything under it is written (the models included);
+    # asked even when the port is taken: a gateway already serving this dir is the likelier reason
+    lock = DataDirLock(settings.data_dir, settings.host, port)
     try:
         lock.acquire()
     except DataDirLocked as exc:
         console.print(f"[red]cannot start:[/] {escape(str(exc))}", soft_wrap=True)
+        raise typer.Exit(2) from None
+    if sock is None:
+        lock.release()
+        console.print(
+            f"[red]cannot start:[/] cannot listen on {escape(settings.host)}:{settings.port} "
+            f"({escape(unbound.strerror or str(unbound))}); give this gateway another port "
+            "(POLYROUTE_PORT or --port)",
+            soft_wrap=True,
+        )
         raise typer.Exit(2) from None
     if settings.local_workers:
         try:
@@ -208,13 +227,14 @@ def serve(
         console.print(f"[red]cannot start:[/] {escape(str(exc))}")
         raise typer.Exit(2) from None
     console.print(
-        f"[bold green]polyroute[/] on http://{settings.host}:{settings.port}/v1 "
+        f"[bold green]polyroute[/] on http://{settings.host}:{port}/v1 "
         f"(data dir {Path(settings.data_dir).resolve()})"
     )
-    from gateway.serving import uvicorn_options
-
     # connection limits and timeouts from the settings (POLYROUTE_*): see docs/production.md
-    uvicorn.run(application, log_level=log_level.lower(), log_config=None, **uvicorn_options(settings))
+    config = uvicorn.Config(
+        application, log_level=log_level.lower(), log_config=None, **uvicorn_options(settings)
+    )
+    uvicorn.Server(config).run(sockets=[sock])
 
 
 @keys_app.command("create")

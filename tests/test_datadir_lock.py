@@ -133,10 +133,13 @@ def cli_env(**extra: str) -> dict[str, str]:
 
 
 @contextmanager
-def served_by_subprocess(data_dir: Path, catalog_file: Path) -> Iterator[tuple[subprocess.Popen, int]]:
+def served_by_subprocess(
+    data_dir: Path, catalog_file: Path, port: int | None = None
+) -> Iterator[tuple[subprocess.Popen, int]]:
     """`polyroute serve` on data_dir, yielded once it has printed its "polyroute on http://…" line
-    (printed after create_app, so the data dir is locked by then); killed on exit."""
-    port = free_port()
+    (printed after create_app, so the data dir is locked by then), with the port that line names
+    (`port`: the one asked for, a free one by default, 0 for any); killed on exit."""
+    port = free_port() if port is None else port
     command = [sys.executable, "-m", "polyroute.cli", "serve", "--port", str(port), "--no-local-workers"]
     command += ["--data-dir", str(data_dir), "--workers-file", str(catalog_file), "--log-level", "warning"]
     proc = subprocess.Popen(
@@ -166,6 +169,7 @@ def served_by_subprocess(data_dir: Path, catalog_file: Path) -> Iterator[tuple[s
                 pytest.fail(f"polyroute serve exited ({proc.wait()}): {''.join(seen)}")
             seen.append(line)
             if "polyroute on http://" in line:
+                port = int(line.split("polyroute on http://", 1)[1].split("/", 1)[0].rsplit(":", 1)[1])
                 break
         yield proc, port
     finally:
@@ -218,3 +222,36 @@ def test_a_gateway_killed_with_sigkill_leaves_no_stale_lock(upstream, catalog_fi
         assert lock_record(data_dir)["pid"] == os.getpid()
     finally:
         gw.server.stop()
+
+
+def test_serve_on_a_port_in_use_exits_with_one_line_and_leaves_the_data_dir_free(catalog_file, tmp_path):
+    """The port is bound before anything starts: a port in use was found by uvicorn only after the
+    app had started (a local worker too), and said in uvicorn's words."""
+    data_dir = tmp_path / "data"
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        command = [sys.executable, "-m", "polyroute.cli", "serve", "--no-local-workers", "--port", str(port)]
+        command += ["--data-dir", str(data_dir), "--workers-file", str(catalog_file)]
+        result = subprocess.run(
+            command, env=cli_env(COLUMNS="80"), capture_output=True, text=True, timeout=START_TIMEOUT_S
+        )
+    out = result.stdout + result.stderr
+    assert result.returncode == 2, out
+    assert "Traceback" not in out
+    [line] = out.strip().splitlines()
+    assert line.startswith(f"cannot start: cannot listen on 127.0.0.1:{port} ("), line
+    assert line.endswith("give this gateway another port (POLYROUTE_PORT or --port)"), line
+    lock = DataDirLock(data_dir, "127.0.0.1", 1)  # the refused start holds nothing
+    lock.acquire()
+    lock.release()
+
+
+def test_serve_on_port_0_names_the_port_it_listens_on(catalog_file, tmp_path):
+    """The banner and the data-dir lock name the port bound, not the 0 asked for."""
+    data_dir = tmp_path / "data"
+    with served_by_subprocess(data_dir, catalog_file, port=0) as (holder, port):
+        assert port != 0
+        assert lock_record(data_dir)["address"] == f"127.0.0.1:{port}"
+        assert httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=30).status_code == 200
