@@ -387,6 +387,22 @@ def with_file_parts(messages: list[dict[str, Any]], files: dict[str, dict[str, A
                 content[n] = {"type": "file", "file": files[url], **rest}
 
 
+def asks_citations(blocks: list[Any]) -> bool:
+    """Whether a document among `blocks` (or inside a tool_result of them) asks for citations.
+    Neither OpenAI's wire nor litellm's adapter carries the flag: the document is sent, the answer
+    cites nothing, so the request names `citations` as ignored."""
+    for block in blocks:
+        if not isinstance(block, dict):
+            continue
+        citations = block.get("citations")
+        if block.get("type") == "document" and isinstance(citations, dict) and citations.get("enabled"):
+            return True
+        if block.get("type") == "tool_result" and isinstance(block.get("content"), list):
+            if asks_citations(block["content"]):
+                return True
+    return False
+
+
 def translate(body: CountTokensRequest) -> tuple[dict[str, Any], dict[str, str], list[str]]:
     """The chat-completions form of a Messages request, through litellm's adapter: (chat fields,
     truncated tool name -> original name, the parameters accepted but not forwarded)."""
@@ -398,6 +414,8 @@ def translate(body: CountTokensRequest) -> tuple[dict[str, Any], dict[str, str],
     user = metadata.pop("user_id", None)
     stream = data.pop("stream", False)
     check_sources(data["messages"])
+    if any(isinstance(m["content"], list) and asks_citations(m["content"]) for m in data["messages"]):
+        ignored.append("citations")
     files: dict[str, dict[str, Any]] = {}  # placeholder URL -> OpenAI file part (`file_blocks`)
     for message in data["messages"]:
         if isinstance(message["content"], list):

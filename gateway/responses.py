@@ -90,6 +90,14 @@ class Part(BaseModel):
             # this check the bridge would send the worker an image of URL ""
             by_file = " (file_id is not supported: polyroute has no Files API)" if "file_id" in extra else ""
             raise ValueError(f"an input_image part needs image_url, a URL or a data: URL{by_file}")
+        if self.type == "input_file" and not any(
+            isinstance(extra.get(name), str) and extra[name] for name in ("file_data", "file_url")
+        ):
+            # the bridge would send a file_id on as a file the worker cannot open (an OpenAI-wire
+            # worker gets OpenAI's own Files API id; an Anthropic one a container_upload block), and a
+            # part with neither as an empty `file`: refused, as Messages refuses a Files API source
+            by_file = " (file_id is not supported: polyroute has no Files API)" if "file_id" in extra else ""
+            raise ValueError(f"an input_file part needs file_data (a data: URL) or file_url{by_file}")
         return self
 
 
@@ -154,6 +162,43 @@ class Tool(BaseModel):
         return self
 
 
+class TextFormat(BaseModel):
+    """`text.format`: what the answer is written as. Checked here because litellm's bridge drops a
+    format it does not know (the worker then answers in free text) and sends a json_schema without
+    its schema as an empty one."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    type: Literal["text", "json_object", "json_schema"]
+    name: str | None = Field(None, min_length=1, max_length=64)
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(None, alias="schema")
+    strict: StrictBool | None = None
+
+    @model_validator(mode="after")
+    def _schema(self) -> TextFormat:
+        if self.type == "json_schema":
+            missing = [n for n, v in (("name", self.name), ("schema", self.schema_)) if v is None]
+            if missing:
+                raise ValueError(f"a json_schema format needs {' and '.join(missing)}")
+        return self
+
+
+class TextConfig(BaseModel):
+    """`text`: its `format` is sent as response_format; `verbosity` has no chat-completions form, so
+    it is named back in x-polyroute-ignored (as `text.verbosity`). Anything else is a 400: a typo
+    here would otherwise be an answer in a format the client did not ask for, without a word."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    format: TextFormat | None = None
+    verbosity: Literal["low", "medium", "high"] | None = None
+
+    def as_sent(self) -> dict[str, Any]:
+        """The object as OpenAI writes it (the echo in the response, and the bridge's input)."""
+        return self.model_dump(by_alias=True, exclude_none=True)
+
+
 class ResponsesRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -171,7 +216,7 @@ class ResponsesRequest(BaseModel):
     top_p: float | None = Field(None, ge=0, le=1)
     metadata: dict[str, Any] | None = None
     user: str | None = None
-    text: dict[str, Any] | None = None
+    text: TextConfig | None = None
     background: StrictBool | None = None
     # accepted and named back as ignored (IGNORED)
     reasoning: dict[str, Any] | None = None
@@ -213,9 +258,11 @@ def input_items(body: ResponsesRequest) -> list[dict[str, Any]]:
 def bridge_params(body: ResponsesRequest) -> dict[str, Any]:
     """The request's parameters as litellm's bridge reads them (and as the response echoes them)."""
     params = body.model_dump(
-        include={"instructions", "tool_choice", "temperature", "top_p", "max_output_tokens", "text", "user"},
+        include={"instructions", "tool_choice", "temperature", "top_p", "max_output_tokens", "user"},
         exclude_none=True,
     )
+    if body.text is not None and body.text.format is not None:
+        params["text"] = {"format": body.text.format.model_dump(by_alias=True, exclude_none=True)}
     if body.tools:
         params["tools"] = [tool.model_dump(exclude_none=True) for tool in body.tools]
     if body.parallel_tool_calls is not None:
@@ -248,6 +295,8 @@ def translate(
     """The chat-completions form of a Responses request (its conversation `items`, earlier turns
     included), through litellm's bridge; and the parameters accepted but not forwarded."""
     ignored = [name for name in IGNORED if getattr(body, name) is not None]
+    if body.text is not None and body.text.verbosity is not None:
+        ignored.append("text.verbosity")
     sent = [refusals_as_text(item) for item in items if item.get("type") != "reasoning"]
     if any(item.get("type") == "reasoning" for item in items):
         ignored.append("input.reasoning")
@@ -377,7 +426,7 @@ class ResponsesWire(TranslatingWire):
             "service_tier": "default",
             "store": body.store,
             "temperature": body.temperature if body.temperature is not None else 1.0,
-            "text": body.text or {"format": {"type": "text"}},
+            "text": {"format": {"type": "text"}, **(body.text.as_sent() if body.text else {})},
             "tool_choice": body.tool_choice if body.tool_choice is not None else "auto",
             "tools": [{"strict": None, "description": None, **tool} for tool in tools],
             "top_p": body.top_p if body.top_p is not None else 1.0,
