@@ -571,6 +571,8 @@ class Exchange:
     # those calls, labelled with what cut them (`cut_at_deadline`, `_cut_at_shutdown`): after
     # `failures`' in the attempts
     cut: list[Attempt] = field(default_factory=list)
+    # the client's parameters the answering worker's request went without (`note_ignored`)
+    ignored: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         self.calls = CallScope(readmit=self.readmit)
@@ -1103,12 +1105,28 @@ def _deadline_error(state: AppState, failures: list[WorkerError], cut: list[Atte
 
 
 LEFT_OUT_HEADER = "x-polyroute-left-out"  # workers a policy reload left out after admission
+# the client's parameters the answering worker's request went without, as /v1/messages names the
+# fields it accepts and does not forward (gateway/anthropic.py)
+IGNORED_HEADER = "x-polyroute-ignored"
+
+
+def note_ignored(state: AppState, ex: Exchange, worker) -> None:
+    """Keep which of the client's parameters the answering ``worker``'s request went without,
+    though litellm raised no error (`user` for an OpenAI-wire model outside OpenAI's catalog,
+    `response_format: json_object` for Anthropic): the client is told (IGNORED_HEADER) and the
+    ledger's trace says so (`ignored_params`). Named, not forced on the worker: a provider that
+    refuses unknown fields (Mistral's API) would fail the request instead. A dict lookup once the
+    worker's provider has met these parameters' shapes (wire.ignored_params); no provider call."""
+    ex.ignored = state.client.ignored_params(worker, state.api_base(worker), ex.chat)
 
 
 def _answered_headers(ex: Exchange, answer, failures: list[WorkerError]) -> dict[str, str]:
     headers = {**ex.headers, "x-polyroute-worker": answer.worker.name}
     if failures:
         headers["x-polyroute-fallbacks"] = ",".join(f.worker for f in failures)
+    # in chat completions' names: the other APIs' wires name their own fields in this header
+    if ex.ignored and ex.wire is OPENAI:
+        headers[IGNORED_HEADER] = ",".join(ex.ignored)
     return headers | attempts_header(given_up(failures, answer)) | _left_out(ex)
 
 
@@ -1155,6 +1173,8 @@ async def _complete(state: AppState, ex: Exchange) -> Response:
             watcher.cancel()
             await asyncio.wait([watcher])
     assert result is None or isinstance(result, Completion)
+    if result is not None:
+        note_ignored(state, ex, result.worker)
     if ex.gone:
         return await _client_gone(state, ex, result, failures)
     if result is None:
@@ -1209,6 +1229,8 @@ def _degraded_trace(ex: Exchange, worker: str | None, usage, failures: list[Work
         )
     if ex.excluded:
         trace = {**(trace or {}), "excluded_by_policy": dict(ex.excluded)}
+    if ex.ignored:
+        trace = {**(trace or {}), "ignored_params": list(ex.ignored)}
     return with_attempts(trace, [*given_up(failures, usage), *ex.cut])
 
 
@@ -1323,6 +1345,7 @@ async def _stream(state: AppState, ex: Exchange) -> Response:
     if stream is None:
         return await _failed(state, ex, failures)
     assert isinstance(stream, OpenStream)
+    note_ignored(state, ex, stream.worker)
     headers = _answered_headers(ex, stream, failures)
     # Headers leave before the answer: this is the prompt-side cost; the final usage chunk carries
     # the actual total under "polyroute".

@@ -27,7 +27,7 @@ import logging
 import math
 import time
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from decimal import Decimal, InvalidOperation
@@ -579,11 +579,13 @@ def _excluded_note(run: Run) -> str:
     return "; left out by a policy reload during the workflow: " + ", ".join(sorted(run.excluded))
 
 
-def _asker(state, given_up: list[Attempt]):
+def _asker(state, given_up: list[Attempt], unsupported: list[WorkerError]):
     """One workflow step's call. Its bounds (the step timeout, the request's deadline) are Run's.
     The calls of its worker given up on the way (retried, or the step's failure) go to ``given_up``,
     for the request's trace and header (gateway/upstream.py Attempt); those a cut loses go there
-    through the step's scope (`_step_scope`)."""
+    through the step's scope (`_step_scope`). A step whose worker's provider has none of a parameter
+    (WorkerError.unsupported: the worker was not called) fails as any failed member, and goes to
+    ``unsupported`` too: a workflow no step of which could answer for that alone says so (`_no_answer`)."""
 
     async def ask(worker: Worker, messages: list[dict[str, Any]], params: dict[str, Any]) -> Answer:
         step = ChatCompletionRequest.model_validate({"model": worker.name, "messages": messages, **params})
@@ -591,6 +593,8 @@ def _asker(state, given_up: list[Attempt]):
             result = await state.client.complete(worker, state.api_base(worker), step)
         except WorkerError as err:
             given_up.extend(err.attempts)
+            if err.unsupported:
+                unsupported.append(err)
             raise
         given_up.extend(result.attempts)
         choices = result.body.get("choices") or [{}]
@@ -668,10 +672,11 @@ async def respond(state, request: Request, ex, composition: Composition) -> Resp
     params = {k: v for k in SAMPLING if (v := getattr(chat, k)) is not None}
     deadline = asyncio.get_running_loop().time() + ex.remaining(state)
     given_up: list[Attempt] = []  # the steps' worker calls given up (retried, failed, or cut short)
+    unsupported: list[WorkerError] = []  # the steps refused for a parameter their worker lacks
     run = Run(
         messages=memory.workflow_messages(ex.memory, chat.messages_payload()),
         pool=composition.pool,
-        ask=_asker(state, given_up),
+        ask=_asker(state, given_up, unsupported),
         deadline=deadline,
         output_limits={w.name: n for w in composition.pool if (n := known_output_limit(w.model)) is not None},
         ceiling_usd=ceiling,
@@ -699,7 +704,9 @@ async def respond(state, request: Request, ex, composition: Composition) -> Resp
             raise
         watcher.cancel()
         await asyncio.wait([watcher])  # its read of the connection ends before the response's begins
-        return await _answer(state, request, ex, composition, run, outcome, strategy, headers, given_up)
+        return await _answer(
+            state, request, ex, composition, run, outcome, strategy, headers, given_up, unsupported
+        )
     finally:
         books.done()
 
@@ -714,9 +721,11 @@ async def _answer(
     strategy: str,
     headers: dict,
     given_up: list[Attempt],
+    unsupported: Sequence[WorkerError],
 ) -> Response | None:
     """The workflow's outcome as the response, once it ended (see :func:`respond`); ``given_up``:
-    the steps' worker calls given up, in the trace (`attempts`) and the x-polyroute-attempts header."""
+    the steps' worker calls given up, in the trace (`attempts`) and the x-polyroute-attempts header;
+    ``unsupported``: the steps refused for a parameter their worker lacks (`_no_answer`)."""
     from gateway.completions import LEFT_OUT_HEADER, format_cost
 
     chat = ex.chat
@@ -749,16 +758,11 @@ async def _answer(
             state, ex, composition, run, outcome, prompt_tokens, completion_tokens, given_up
         ):
             return None
+        err = _no_answer(composition, outcome, unsupported)
         await ex.finish(
-            state, None, 502, [], prompt_tokens, completion_tokens, outcome.cost_usd, strategy, trace
+            state, None, err.status, [], prompt_tokens, completion_tokens, outcome.cost_usd, strategy, trace
         )
-        _count_failure(state, ex, strategy, "workflow_failed", "502")
-        err = APIError(
-            502,
-            f"the {composition.workflow} workflow produced no answer: {outcome.note}",
-            type="server_error",
-            code="workflow_failed",
-        )
+        _count_failure(state, ex, strategy, err.code or err.type, str(err.status))
         err.headers = headers
         if request.headers.get(TRACE_HEADER) == "1":
             err.message += f" (trace: {orjson.dumps(trace).decode()})"
@@ -790,6 +794,31 @@ async def _answer(
         orjson.dumps(_completion(final, usage, extra, ex.request_id)),
         media_type="application/json",
         headers=headers,
+    )
+
+
+def _no_answer(composition: Composition, outcome, unsupported: Sequence[WorkerError]) -> APIError:
+    """Why a workflow the client named produced no answer. When every step that was made was refused
+    for a parameter its worker's provider has none of (no worker was called), the client can fix it
+    as a pinned worker's can (gateway/completions.py `final_error`): a 400 `unsupported_parameter`
+    naming it; otherwise the 502 `workflow_failed` with the workflow's note."""
+    made = [s for s in outcome.steps if not (s.verdict or "").startswith("skipped")]
+    if unsupported and len(made) == len(unsupported) and all(s.error for s in made):
+        names = list(dict.fromkeys(name for err in unsupported for name in err.unsupported))
+        workers = ", ".join(dict.fromkeys(err.worker for err in unsupported))
+        return APIError(
+            400,
+            f"the {composition.workflow} workflow produced no answer: {workers} cannot take "
+            f"{', '.join(names)}: leave {'it' if len(names) == 1 else 'them'} out, or ask another "
+            f"workflow or worker ({outcome.note})",
+            code="unsupported_parameter",
+            param=names[0],
+        )
+    return APIError(
+        502,
+        f"the {composition.workflow} workflow produced no answer: {outcome.note}",
+        type="server_error",
+        code="workflow_failed",
     )
 
 

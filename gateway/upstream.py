@@ -845,6 +845,7 @@ class WorkerClient:
         self.fast_path = fast_path
         self.pool = wire.HttpPool()
         self._routes: dict[tuple[str, str | None, str | None], wire.WireRoute | None] = {}
+        self._providers: dict[tuple[str, str | None], tuple[str, str]] = {}  # (provider, its model name)
 
     @staticmethod
     def _api_key(worker: Worker) -> str | None:
@@ -885,6 +886,27 @@ class WorkerClient:
         if route is None or route.bridges_to_responses(bool(chat.tools)):
             return None
         return route
+
+    def ignored_params(
+        self, worker: Worker, api_base: str | None, chat: ChatCompletionRequest
+    ) -> tuple[str, ...]:
+        """The client's parameters the worker's request went without, though litellm raised no error
+        (wire.ignored_params): named back to the client, never forced on a provider that may refuse
+        an unknown field. () when litellm cannot say which provider the worker is."""
+        key = (worker.model, api_base)
+        resolved = self._providers.get(key)
+        if resolved is None:
+            try:
+                name, provider, _, _ = litellm.get_llm_provider(worker.model, api_base=api_base)
+            except Exception:  # the call itself would have failed: nothing was answered to check
+                return ()
+            if len(self._providers) >= MAX_CACHED_ROUTES:
+                self._providers.clear()
+            resolved = self._providers[key] = (provider, name)
+        provider, name = resolved
+        return wire.ignored_params(
+            provider, name, chat.forwarded_params(), lambda: self.messages_for(worker, chat)
+        )
 
     async def aclose(self) -> None:
         """Close the pooled upstream connections of the running event loop."""

@@ -17,10 +17,11 @@ bridge to the Responses API stay on `litellm.acompletion` (see gateway/upstream.
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
 import re
 import weakref
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
@@ -166,6 +167,93 @@ def unsupported_params(exc: BaseException) -> tuple[str, ...]:
         seen.append(exc)
         exc = exc.__cause__ or exc.__context__
     return ()
+
+
+# Client parameters the gateway honours itself whatever the worker gets: the worker is always asked
+# for the usage chunk, and the client's `include_usage` decides whether it is passed on.
+GATEWAY_HONOURED = frozenset({"stream_options"})
+MAX_CACHED_IGNORED = 4096
+# (provider, model, the parameters' shapes) -> the parameters the worker's request goes without
+_IGNORED: dict[tuple[str, str, tuple[tuple[str, Any], ...]], tuple[str, ...]] = {}
+
+
+def _shape(name: str, value: Any) -> Any:
+    """What of a parameter's value decides whether a provider's mapping keeps it: the kind of
+    `response_format` (Anthropic drops `json_object`, keeps `json_schema` as a tool), the kind of
+    `tool_choice`, a flag's value; presence alone for the rest (a `user` id or a temperature is kept
+    or dropped whatever it is), so a per-end-user value does not defeat the cache."""
+    if isinstance(value, bool):
+        return value
+    if name in ("response_format", "tool_choice"):
+        return value.get("type") if isinstance(value, dict) else value
+    return None
+
+
+def _asks_default(name: str, value: Any) -> bool:
+    """A value that asks for what a worker does anyway (OpenAI's default): nothing is lost when a
+    provider's mapping leaves it out, so it is not named back. (Anthropic's mapping folds
+    `tool_choice: auto` into the one `parallel_tool_calls: false` makes, so the request reads the
+    same without it; an empty `stop` is no stop sequence.)"""
+    if name == "n":
+        return value == 1
+    if name == "logprobs":
+        return value is False
+    if name == "tool_choice":
+        return value == "auto"
+    if name == "stop":
+        return not value
+    if name == "response_format":
+        return isinstance(value, dict) and value.get("type") == "text"
+    return False
+
+
+def ignored_params(
+    provider: str, model: str, params: Mapping[str, Any], messages: Callable[[], list[dict[str, Any]]]
+) -> tuple[str, ...]:
+    """The client's parameters that litellm's mapping for this provider and model leaves out of the
+    worker's request without an error (`user` for an OpenAI-wire model outside OpenAI's catalog,
+    `response_format: json_object` for Anthropic): a parameter is left out when the request built
+    without it is the same as the one built with it.
+
+    The request is built (`get_optional_params`, as both paths build it) once per provider, model
+    and shape of the parameters (`_shape`), then cached: the hot path pays a dict lookup. One the
+    provider refuses outright (`unsupported_params`) never reaches here: its worker is not called.
+    ``messages`` gives the worker's messages, asked for only when the request is built."""
+    checked = {k: v for k, v in params.items() if k not in GATEWAY_HONOURED and not _asks_default(k, v)}
+    if not checked:
+        return ()
+    key = (provider, model, tuple(sorted((k, _shape(k, v)) for k, v in checked.items())))
+    found = _IGNORED.get(key)
+    if found is None:
+        found = _left_out(provider, model, checked, messages())
+        if len(_IGNORED) >= MAX_CACHED_IGNORED:
+            _IGNORED.clear()
+        _IGNORED[key] = found
+    return found
+
+
+def _left_out(
+    provider: str, model: str, params: dict[str, Any], messages: list[dict[str, Any]]
+) -> tuple[str, ...]:
+    def built(without: str | None = None) -> dict[str, Any]:
+        kept = copy.deepcopy({k: v for k, v in params.items() if k != without})
+        return get_optional_params(
+            model=model, custom_llm_provider=provider, messages=copy.deepcopy(messages), **kept
+        )
+
+    try:
+        full = built()
+    except Exception:  # refused (the worker is not called) or not buildable here: nothing to name
+        log.debug("the request of %s/%s could not be rebuilt to check its parameters", provider, model)
+        return ()
+    left_out = []
+    for name in params:
+        try:
+            if built(name) == full:
+                left_out.append(name)
+        except Exception:  # the request cannot be built without it: it is carried
+            continue
+    return tuple(sorted(left_out))
 
 
 REFUSED_ATTR = "polyroute_refused_status"
