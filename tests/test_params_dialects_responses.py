@@ -19,21 +19,8 @@ import pytest
 from policies import parse_catalog
 from tests.conftest import FAKE_KEY_ENV, Gateway, catalog_yaml_for, running_upstream, start_gateway
 from tests.fakes.upstream import FakeUpstream
+from tests.test_params_audit_unsupported import CLAUDE  # the same Anthropic worker
 
-CLAUDE = """
-  - name: claude
-    model: anthropic/claude-fake
-    api_base: {url}
-    api_key_env: {key_env}
-    context_window: 8192
-    input_price_per_m: 3.00
-    output_price_per_m: 4.00
-    tier: frontier
-    license: proprietary
-    provider: fake
-    jurisdiction: US
-    capabilities: [general, tools]
-"""
 # the model name each worker's calls reach the test upstream under
 UPSTREAM_MODEL = {"cheap": "cheap-model", "claude": "claude-fake"}
 SCHEMA = {
