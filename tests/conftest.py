@@ -299,3 +299,19 @@ def redis_server() -> Iterator[RedisServer]:
     server = RedisServer()
     yield server
     server.stop()
+
+
+@contextmanager
+def gateway_with(
+    fake: FakeUpstream, data_dir: Path, workers: str, base: str | None = None
+) -> Iterator[Gateway]:
+    """A gateway on the test catalog (or the catalog text `base`) with `workers` added: catalog YAML
+    entries whose `{url}` and `{key_env}` are the upstream's URL and its key's env var. Stopped on exit."""
+    text = (catalog_yaml_for(fake.url) if base is None else base) + workers.format(
+        url=fake.url, key_env=FAKE_KEY_ENV
+    )
+    gateway = start_gateway(parse_catalog(text, f"{data_dir.name} catalog"), data_dir)
+    try:
+        yield gateway
+    finally:
+        gateway.server.stop()

@@ -15,8 +15,10 @@ from collections.abc import Iterator
 import openai
 import pytest
 
-from policies import parse_catalog
-from tests.conftest import FAKE_KEY_ENV, Gateway, catalog_yaml_for, running_upstream, start_gateway
+from tests.conftest import (
+    Gateway,
+    gateway_with,
+)
 from tests.fakes.upstream import FakeUpstream
 
 # Priced between mid (1.00) and pricey (5.00): `auto` (cheapest first) tries cheap, mid, claude, pricey.
@@ -53,18 +55,14 @@ MESSAGES = [{"role": "user", "content": "Say hello"}]
 
 
 @pytest.fixture(scope="module")
-def up() -> Iterator[FakeUpstream]:
-    with running_upstream() as fake:
-        yield fake
+def up(fake: FakeUpstream) -> FakeUpstream:
+    return fake  # conftest's: this module's own test upstream
 
 
 @pytest.fixture(scope="module")
 def gw(up: FakeUpstream, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
-    extra = (CLAUDE + MISTRAL).format(url=up.url, key_env=FAKE_KEY_ENV)
-    catalog = parse_catalog(catalog_yaml_for(up.url) + extra, "params audit catalog")
-    gateway = start_gateway(catalog, tmp_path_factory.mktemp("params_audit_unsupported"))
-    yield gateway
-    gateway.server.stop()
+    with gateway_with(up, tmp_path_factory.mktemp("params_audit_unsupported"), (CLAUDE + MISTRAL)) as gateway:
+        yield gateway
 
 
 @pytest.fixture

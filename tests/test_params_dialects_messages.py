@@ -14,8 +14,10 @@ from collections.abc import Iterator
 import anthropic
 import pytest
 
-from policies import parse_catalog
-from tests.conftest import FAKE_KEY_ENV, Gateway, catalog_yaml_for, running_upstream, start_gateway
+from tests.conftest import (
+    Gateway,
+    gateway_with,
+)
 from tests.fakes.upstream import FakeUpstream
 from tests.test_params_dialects_responses import CLAUDE, UPSTREAM_MODEL
 
@@ -27,18 +29,14 @@ DOCUMENT = {
 
 
 @pytest.fixture(scope="module")
-def up() -> Iterator[FakeUpstream]:
-    with running_upstream() as fake:
-        yield fake
+def up(fake: FakeUpstream) -> FakeUpstream:
+    return fake  # conftest's: this module's own test upstream
 
 
 @pytest.fixture(scope="module")
 def gw(up: FakeUpstream, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
-    extra = CLAUDE.format(url=up.url, key_env=FAKE_KEY_ENV)
-    catalog = parse_catalog(catalog_yaml_for(up.url) + extra, "params dialects catalog")
-    gateway = start_gateway(catalog, tmp_path_factory.mktemp("params_dialects_messages"))
-    yield gateway
-    gateway.server.stop()
+    with gateway_with(up, tmp_path_factory.mktemp("params_dialects_messages"), CLAUDE) as gateway:
+        yield gateway
 
 
 @pytest.fixture

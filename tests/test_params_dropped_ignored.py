@@ -18,14 +18,10 @@ from collections.abc import Iterator
 import openai
 import pytest
 
-from policies import parse_catalog
 from tests.conftest import (
-    FAKE_KEY_ENV,
     Gateway,
-    catalog_yaml_for,
+    gateway_with,
     ledger_record,
-    running_upstream,
-    start_gateway,
 )
 from tests.fakes.upstream import FakeUpstream
 from tests.test_params_audit_unsupported import CLAUDE, MISTRAL
@@ -50,18 +46,16 @@ MODEL_OF = {"cheap": "cheap-model", "mistral": "mistral-fake", "claude": "claude
 
 
 @pytest.fixture(scope="module")
-def up() -> Iterator[FakeUpstream]:
-    with running_upstream() as fake:
-        yield fake
+def up(fake: FakeUpstream) -> FakeUpstream:
+    return fake  # conftest's: this module's own test upstream
 
 
 @pytest.fixture(scope="module")
 def gw(up: FakeUpstream, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
-    extra = (CLAUDE + MISTRAL + CATALOGUED).format(url=up.url, key_env=FAKE_KEY_ENV)
-    catalog = parse_catalog(catalog_yaml_for(up.url) + extra, "params dropped catalog")
-    gateway = start_gateway(catalog, tmp_path_factory.mktemp("params_dropped_ignored"))
-    yield gateway
-    gateway.server.stop()
+    with gateway_with(
+        up, tmp_path_factory.mktemp("params_dropped_ignored"), (CLAUDE + MISTRAL + CATALOGUED)
+    ) as gateway:
+        yield gateway
 
 
 @pytest.fixture

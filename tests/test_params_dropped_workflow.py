@@ -13,8 +13,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from policies import parse_catalog
-from tests.conftest import FAKE_KEY_ENV, Gateway, ledger_record, running_upstream, start_gateway
+from tests.conftest import Gateway, gateway_with, ledger_record
 from tests.fakes.upstream import FakeUpstream
 from tests.test_params_audit_unsupported import CLAUDE
 
@@ -38,18 +37,16 @@ QUESTION = [{"role": "user", "content": "What is six times seven?"}]
 
 
 @pytest.fixture(scope="module")
-def up() -> Iterator[FakeUpstream]:
-    with running_upstream() as fake:
-        yield fake
+def up(fake: FakeUpstream) -> FakeUpstream:
+    return fake  # conftest's: this module's own test upstream
 
 
 @pytest.fixture(scope="module")
 def gw(up: FakeUpstream, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
-    workers = (CLAUDE + PRICEY).format(url=up.url, key_env=FAKE_KEY_ENV)
-    catalog = parse_catalog("version: 1\nworkers:" + workers, "workflow params catalog")
-    gateway = start_gateway(catalog, tmp_path_factory.mktemp("params_dropped_workflow"))
-    yield gateway
-    gateway.server.stop()
+    with gateway_with(
+        up, tmp_path_factory.mktemp("params_dropped_workflow"), (CLAUDE + PRICEY), base="version: 1\nworkers:"
+    ) as gateway:
+        yield gateway
 
 
 @pytest.fixture(autouse=True)
