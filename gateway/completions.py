@@ -1010,9 +1010,9 @@ class DeadlinePassed(Exception):
 async def _calls(state: AppState, ex: Exchange, call, failures: list[WorkerError]):
     """`first_success` within what is left of the request's deadline, booked when the request is
     cancelled meanwhile (the gateway shutting down: `_cut_at_shutdown`). The books stay pending in
-    the gateway's background work from the first attempt until then (compose.PendingBooks), so the
+    the gateway's background work from the first attempt until then (AppState.pending_books), so the
     shutdown, which cancels the request and then closes the ledger, waits for its record."""
-    books = compose.PendingBooks(state)
+    books = state.pending_books()
     try:
         return await _within(ex.remaining(state), first_success(state, ex, call, failures))
     except asyncio.CancelledError:

@@ -689,7 +689,7 @@ async def respond(state, request: Request, ex, composition: Composition) -> Resp
         admissible=ex.admissible,  # the request's one check (gateway/readmit.py), fast mode's too
         step_scope=_step_scope(given_up),  # before each retry too; the calls a cut loses, booked
     )
-    books = PendingBooks(state)  # from here until the books are written, the shutdown waits for them
+    books = state.pending_books()  # from here until the books are written, the shutdown waits for them
     try:
         # nothing is sent before the workflow ends, so a client that hangs up is noticed here or never
         watcher = asyncio.create_task(_stop_when_gone(request, run))
@@ -869,40 +869,6 @@ async def _to_fast_mode(
     ex.headers[COMPOSE_HEADER] = note
     log.info("request %s: %s", ex.request_id, note)
     return True
-
-
-class PendingBooks:
-    """A request's books, pending in the gateway's background work (which the shutdown awaits
-    before it closes the ledger and flushes the budgets) from its first worker call (a workflow's
-    start, fast mode's first attempt: gateway/completions.py) until they are written: a request
-    cancelled at shutdown reaches its bookkeeping only after the cancel, and its record must not
-    come after the ledger is closed."""
-
-    def __init__(self, state) -> None:
-        self._written = asyncio.get_running_loop().create_future()
-        self._writing: asyncio.Task | None = None
-        state.awaits(self._written)  # a future, not a task: fast mode makes one per request
-
-    async def write(self, coro) -> None:
-        """Run the bookkeeping ``coro`` in a task of its own and wait for it, shielded: cancelling
-        the request again does not stop it, and the books stay pending until it ends."""
-        self._writing = asyncio.get_running_loop().create_task(coro)
-        self._writing.add_done_callback(self._wrote)
-        await asyncio.shield(self._writing)
-
-    def _wrote(self, task: asyncio.Task) -> None:
-        if not task.cancelled() and task.exception() is not None:
-            log.error("a request's bookkeeping failed", exc_info=task.exception())
-        self._end()
-
-    def done(self) -> None:
-        """The request is done with its books (unless a bookkeeping task still writes them)."""
-        if self._writing is None:
-            self._end()
-
-    def _end(self) -> None:
-        if not self._written.done():
-            self._written.set_result(None)
 
 
 async def _ended_by(

@@ -51,7 +51,7 @@ class AppState:
     catalog_file: CatalogFile  # the catalog file on disk vs the catalog in force (policies/catalog_file.py)
     local: dict[str, LocalWorkerProcess] = field(default_factory=dict)
     # what the shutdown waits for before it closes the ledger: bookkeeping tasks (`spawn`) and the
-    # books of requests still calling workers (`awaits`, gateway/compose.py PendingBooks)
+    # books of requests still calling workers (`awaits`, PendingBooks)
     background: set[asyncio.Future] = field(default_factory=set)
     judge: Judge = field(default_factory=Judge)  # judge-labelled traffic (gateway/judge.py)
 
@@ -71,6 +71,10 @@ class AppState:
         pending on every request that calls a worker, so this costs no task on the hot path."""
         self.background.add(pending)
         pending.add_done_callback(self._done)
+
+    def pending_books(self) -> PendingBooks:
+        """A request's books, pending from now until they are written (fast mode, workflows)."""
+        return PendingBooks(self)
 
     def _done(self, task: asyncio.Future) -> None:
         self.background.discard(task)
@@ -235,3 +239,37 @@ def build_state(settings: Settings, catalog: Catalog | None = None) -> AppState:
                     worker, models_dir=data_dir / "models", logs_dir=data_dir / "logs"
                 )
     return state
+
+
+class PendingBooks:
+    """A request's books, pending in the gateway's background work (which the shutdown awaits
+    before it closes the ledger and flushes the budgets) from its first worker call (a workflow's
+    start, fast mode's first attempt: gateway/completions.py) until they are written: a request
+    cancelled at shutdown reaches its bookkeeping only after the cancel, and its record must not
+    come after the ledger is closed."""
+
+    def __init__(self, state: AppState) -> None:
+        self._written = asyncio.get_running_loop().create_future()
+        self._writing: asyncio.Task | None = None
+        state.awaits(self._written)  # a future, not a task: fast mode makes one per request
+
+    async def write(self, coro) -> None:
+        """Run the bookkeeping ``coro`` in a task of its own and wait for it, shielded: cancelling
+        the request again does not stop it, and the books stay pending until it ends."""
+        self._writing = asyncio.get_running_loop().create_task(coro)
+        self._writing.add_done_callback(self._wrote)
+        await asyncio.shield(self._writing)
+
+    def _wrote(self, task: asyncio.Task) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            log.error("a request's bookkeeping failed", exc_info=task.exception())
+        self._end()
+
+    def done(self) -> None:
+        """The request is done with its books (unless a bookkeeping task still writes them)."""
+        if self._writing is None:
+            self._end()
+
+    def _end(self) -> None:
+        if not self._written.done():
+            self._written.set_result(None)
