@@ -17,7 +17,7 @@ from gateway.ledger import FeedbackRecord, RequestRecord
 from gateway.store import BudgetExceeded, Limit, Limits, StoreUnavailable, cache_key, open_stores
 from gateway.store.health import Breaker
 from gateway.store.ledger_redis import RedisLedger
-from gateway.store.ratelimit import gcra
+from gateway.store.ratelimit import MemoryLimiter, gcra
 from tests.conftest import RedisServer
 
 pytestmark = pytest.mark.anyio
@@ -127,14 +127,32 @@ async def test_a_refund_down_to_nothing_owed_gives_every_token_back(stores):
 
 def test_gcra_refills_one_unit_per_interval():
     limit = Limit("k", "requests", 60, 1)  # one per second, a burst of 60
-    tat, now = 0.0, 1_000_000.0
+    tat, now = 0, 1_000_000_000  # microseconds
     for _ in range(60):
         tat, verdict = gcra(tat, now, limit)
         assert verdict.allowed
     _, refused = gcra(tat, now, limit)
     assert not refused.allowed and refused.retry_after_ms == 1000
-    tat, later = gcra(tat, now + 1000, limit)
+    tat, later = gcra(tat, now + 1_000_000, limit)
     assert later.allowed and later.remaining == 0
+
+
+@pytest.mark.parametrize("ms_before_a_power_of_two", [1, 30_000, 59_999])
+async def test_a_fresh_limit_is_whole_when_the_clock_nears_a_power_of_two(ms_before_a_power_of_two):
+    """In float milliseconds `now + 60000 - 60000 > now` for the minute before the monotonic clock
+    crosses 2^k ms: a fresh limit of 1 a minute was refused and a limit of 3 showed 1 left after
+    the first request. A loaded test run hit it at 2^25 ms of uptime (9.3 h)."""
+    now_us = (2**25 - ms_before_a_power_of_two) * 1000
+    limiter = MemoryLimiter(clock=lambda: now_us)
+    (first,) = await limiter.check("acme", [Limit("tenant:acme|rpm", "requests", 1, 1)])
+    assert first.allowed and first.remaining == 0 and first.reset_ms == 60_000
+    three = Limit("key:k|rpm", "requests", 3, 1)
+    remaining = [(await limiter.check("acme", [three]))[0].remaining for _ in range(3)]
+    assert remaining == [2, 1, 0]
+    for rate in (7, 13, 997, 60_000):  # a burst of the whole rate fits, whatever the rounding
+        burst = Limit(f"key:k{rate}|tpm", "tokens", rate, rate)
+        (verdict,) = await limiter.check("acme", [burst])
+        assert verdict.allowed and verdict.remaining == 0
 
 
 # ---- cache -----------------------------------------------------------------------------------
