@@ -41,6 +41,7 @@ from gateway.errors import APIError, JSONResponse
 from gateway.schemas import NO_OUTPUT, ChatCompletionRequest
 from gateway.state import AppState
 from gateway.stop_sequences import StopScan, cut_completion
+from gateway.wire import in_client_names
 
 log = logging.getLogger("polyroute.gateway")
 
@@ -78,6 +79,15 @@ IGNORED = (
 # Block types a message may hold; anything else is refused before a worker sees it.
 BLOCK_TYPES = ("text", "image", "document", "tool_use", "tool_result", "thinking", "redacted_thinking")
 IGNORED_HEADER = "x-polyroute-ignored"
+# The chat-completions parameters a worker's request may go without, in the Messages API's own names
+# (x-polyroute-ignored; `response_format` is `output_format` when the client sent that); the rest
+# are named alike in both.
+CLIENT_NAMES = {
+    "user": "metadata.user_id",
+    "response_format": "output_config.format",
+    "stop": "stop_sequences",
+    "parallel_tool_calls": "tool_choice.disable_parallel_tool_use",
+}
 COUNTER_HEADER = "x-polyroute-token-counter"
 DEFAULT_COUNTER = "litellm default (tiktoken cl100k_base)"
 
@@ -488,6 +498,8 @@ class AnthropicWire(TranslatingWire):
     def __init__(self) -> None:
         self.mapping: dict[str, str] = {}
         self.ignored: list[str] = []
+        self.names: dict[str, str] = CLIENT_NAMES
+        self.tool_index: dict[int, int] = {}  # a chat tool's position -> the client's tool's
         self.message_id = "msg_" + uuid.uuid4().hex
         self.stops: list[str] = []  # stop_sequences, cut here too (gateway/stop_sequences.py)
         self.kept: tuple[str, ...] = ()  # those not sent to the worker ("gateway" mode)
@@ -496,6 +508,13 @@ class AnthropicWire(TranslatingWire):
         data = await read_json_object(request, state.settings.max_body_bytes)
         body = await heavy_if(is_large(request), validate, MessagesRequest, data)
         chat, self.mapping, self.ignored = await heavy_if(is_large(request), translate, body)
+        if body.output_format is not None:
+            self.names = {**CLIENT_NAMES, "response_format": "output_format"}
+        names = [tool.name for tool in body.tools or ()]
+        for n, tool in enumerate(chat.get("tools") or ()):
+            name = (tool.get("function") or {}).get("name")
+            if (name := self.mapping.get(name, name)) in names:
+                self.tool_index[n] = names.index(name)
         self.stops = [s for s in body.stop_sequences or () if s]
         if state.settings.messages_stop_sequences == "gateway":
             chat.pop("stop", None)  # kept here: cut and named by the gateway (gateway/stop_sequences.py)
@@ -511,8 +530,12 @@ class AnthropicWire(TranslatingWire):
         if request_id := headers.get("x-polyroute-request-id"):
             out["request-id"] = request_id
             self.message_id = "msg_" + request_id.removeprefix("req_")
-        if self.ignored:
-            out[IGNORED_HEADER] = ",".join(self.ignored)
+        # what the worker's request went without, in chat's names (gateway/completions.py
+        # `note_ignored`; a composed answer's steps': gateway/compose.py), renamed to this API's
+        left_out = [name for name in headers.get(IGNORED_HEADER, "").split(",") if name]
+        ignored = [*self.ignored, *in_client_names(left_out, self.names, self.tool_index)]
+        if ignored:
+            out[IGNORED_HEADER] = ",".join(dict.fromkeys(ignored))
         return out
 
     def error(self, err: APIError) -> Response:

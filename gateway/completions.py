@@ -677,7 +677,33 @@ class Exchange:
     ) -> None:
         """Settle the budget holds with the actual cost, correct the token limits, write the ledger.
 
-        The ledger record counts every call of the request, given-up attempts' included."""
+        The ledger record counts every call of the request, given-up attempts' included. Written in a
+        task of its own, pending in the gateway's background work until it is (AppState.pending_books):
+        the shutdown cancels the requests still running, and one cancelled while its settle waits on
+        Redis lost its record and its settle, as the lifespan closed the ledger without waiting."""
+        books = state.pending_books()
+        try:
+            await books.write(
+                self._book(
+                    state, worker, status, failures, prompt_tokens, completion_tokens, cost, strategy, trace
+                )
+            )
+        finally:
+            books.done()
+
+    async def _book(
+        self,
+        state: AppState,
+        worker: str | None,
+        status: int,
+        failures: list[WorkerError],
+        prompt_tokens: int,
+        completion_tokens: int,
+        cost: Decimal,
+        strategy: str | None,
+        trace: dict | None,
+    ) -> None:
+        """`finish`'s bookkeeping, run to its end whatever happens to the request's task."""
         now = Usage(prompt_tokens, completion_tokens, cost)
         now.add(self.unsettled.prompt_tokens, self.unsettled.completion_tokens, self.unsettled.cost_usd)
         self.unsettled = Usage()
@@ -1124,8 +1150,8 @@ def _answered_headers(ex: Exchange, answer, failures: list[WorkerError]) -> dict
     headers = {**ex.headers, "x-polyroute-worker": answer.worker.name}
     if failures:
         headers["x-polyroute-fallbacks"] = ",".join(f.worker for f in failures)
-    # in chat completions' names: the other APIs' wires name their own fields in this header
-    if ex.ignored and ex.wire is OPENAI:
+    # in chat completions' names: the other APIs' wires rename them (gateway/anthropic.py, responses.py)
+    if ex.ignored:
         headers[IGNORED_HEADER] = ",".join(ex.ignored)
     return headers | attempts_header(given_up(failures, answer)) | _left_out(ex)
 

@@ -579,13 +579,16 @@ def _excluded_note(run: Run) -> str:
     return "; left out by a policy reload during the workflow: " + ", ".join(sorted(run.excluded))
 
 
-def _asker(state, given_up: list[Attempt], unsupported: list[WorkerError]):
+def _asker(state, given_up: list[Attempt], unsupported: list[WorkerError], ignored: set[str]):
     """One workflow step's call. Its bounds (the step timeout, the request's deadline) are Run's.
     The calls of its worker given up on the way (retried, or the step's failure) go to ``given_up``,
     for the request's trace and header (gateway/upstream.py Attempt); those a cut loses go there
     through the step's scope (`_step_scope`). A step whose worker's provider has none of a parameter
     (WorkerError.unsupported: the worker was not called) fails as any failed member, and goes to
-    ``unsupported`` too: a workflow no step of which could answer for that alone says so (`_no_answer`)."""
+    ``unsupported`` too: a workflow no step of which could answer for that alone says so (`_no_answer`).
+    The parameters an answering step's worker went without, though litellm raised no error (its
+    request built without them is the same: wire.ignored_params), go to ``ignored``, so the answer
+    names them (IGNORED_HEADER, and the trace's `ignored_params`) as fast mode's does."""
 
     async def ask(worker: Worker, messages: list[dict[str, Any]], params: dict[str, Any]) -> Answer:
         step = ChatCompletionRequest.model_validate({"model": worker.name, "messages": messages, **params})
@@ -597,6 +600,7 @@ def _asker(state, given_up: list[Attempt], unsupported: list[WorkerError]):
                 unsupported.append(err)
             raise
         given_up.extend(result.attempts)
+        ignored.update(state.client.ignored_params(worker, state.api_base(worker), step))
         choices = result.body.get("choices") or [{}]
         text = (choices[0].get("message") or {}).get("content") or ""
         return Answer(
@@ -673,10 +677,11 @@ async def respond(state, request: Request, ex, composition: Composition) -> Resp
     deadline = asyncio.get_running_loop().time() + ex.remaining(state)
     given_up: list[Attempt] = []  # the steps' worker calls given up (retried, failed, or cut short)
     unsupported: list[WorkerError] = []  # the steps refused for a parameter their worker lacks
+    ignored: set[str] = set()  # the parameters an answering step's worker went without
     run = Run(
         messages=memory.workflow_messages(ex.memory, chat.messages_payload()),
         pool=composition.pool,
-        ask=_asker(state, given_up, unsupported),
+        ask=_asker(state, given_up, unsupported, ignored),
         deadline=deadline,
         output_limits={w.name: n for w in composition.pool if (n := known_output_limit(w.model)) is not None},
         ceiling_usd=ceiling,
@@ -705,7 +710,7 @@ async def respond(state, request: Request, ex, composition: Composition) -> Resp
         watcher.cancel()
         await asyncio.wait([watcher])  # its read of the connection ends before the response's begins
         return await _answer(
-            state, request, ex, composition, run, outcome, strategy, headers, given_up, unsupported
+            state, request, ex, composition, run, outcome, strategy, headers, given_up, unsupported, ignored
         )
     finally:
         books.done()
@@ -722,11 +727,14 @@ async def _answer(
     headers: dict,
     given_up: list[Attempt],
     unsupported: Sequence[WorkerError],
+    ignored: set[str],
 ) -> Response | None:
     """The workflow's outcome as the response, once it ended (see :func:`respond`); ``given_up``:
     the steps' worker calls given up, in the trace (`attempts`) and the x-polyroute-attempts header;
-    ``unsupported``: the steps refused for a parameter their worker lacks (`_no_answer`)."""
-    from gateway.completions import LEFT_OUT_HEADER, format_cost
+    ``unsupported``: the steps refused for a parameter their worker lacks (`_no_answer`); ``ignored``:
+    the parameters answering steps' workers went without, named once in IGNORED_HEADER (in chat
+    completions' names: another API's wire renames them) and the trace's `ignored_params`."""
+    from gateway.completions import IGNORED_HEADER, LEFT_OUT_HEADER, format_cost
 
     chat = ex.chat
     if outcome.answer is None and composition.auto and run.stopped is None:
@@ -747,6 +755,9 @@ async def _answer(
     }
     if run.excluded:  # as fast mode names the workers a reload left out (the reasons: in the trace)
         headers[LEFT_OUT_HEADER] = ",".join(sorted(run.excluded))
+    if ignored:
+        headers[IGNORED_HEADER] = ",".join(sorted(ignored))
+        trace = {**(trace or {}), "ignored_params": sorted(ignored)}
     if composition.workflow == "plan":
         headers[PLAN_HEADER] = plan_header(outcome.detail)
     if run.stopped is not None:

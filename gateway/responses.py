@@ -45,6 +45,7 @@ from gateway.schemas import ChatCompletionRequest
 from gateway.state import AppState
 from gateway.store import StoreReplyError, StoreUnavailable
 from gateway.store.responses import ResponseStore, responses_store
+from gateway.wire import in_client_names
 
 log = logging.getLogger("polyroute.gateway")
 
@@ -323,6 +324,8 @@ def translate(
             ]
         messages.append({k: v for k, v in message.items() if v is not None})
     chat["messages"] = messages
+    if chat.get("tools"):
+        chat["tools"] = unset_strict_left_out(body, chat["tools"])
     fields = ChatCompletionRequest.model_fields
     ignored += sorted(k for k in chat if k not in fields)
     chat = {k: v for k, v in chat.items() if k in fields}
@@ -339,6 +342,28 @@ def translate(
         chat["stream"] = True
         chat["stream_options"] = {"include_usage": True}  # usage closes response.completed
     return chat, ignored
+
+
+def unset_strict_left_out(body: ResponsesRequest, tools: list[Any]) -> list[Any]:
+    """The chat tools without the `strict: false` litellm's bridge writes for a function tool whose
+    client set no `strict`: that is an explicit opt-out of strict mode, which the client did not ask
+    for. OpenAI's Responses API, given no `strict`, normalizes the schema into strict mode (all fields
+    required, no additional properties), which polyroute cannot do for every worker; sent without
+    it, the tool gets the worker's own default (non-strict on a chat-completions worker). See
+    docs/responses.md."""
+    unset = {tool.name for tool in body.tools or () if tool.strict is None}
+    out = []
+    for tool in tools:
+        function = tool.get("function") if isinstance(tool, dict) else None
+        if isinstance(function, dict) and function.get("name") in unset:
+            tool = {**tool, "function": {k: v for k, v in function.items() if k != "strict"}}
+        out.append(tool)
+    return out
+
+
+# The chat-completions parameters a worker's request may go without, in this API's own names
+# (x-polyroute-ignored); the rest are named alike in both.
+CLIENT_NAMES = {"max_tokens": "max_output_tokens", "response_format": "text.format"}
 
 
 # ---- the answer, written in the Responses API's shape -----------------------------------------------
@@ -375,6 +400,7 @@ class ResponsesWire(TranslatingWire):
         self.items: list[dict[str, Any]] = []  # the conversation so far, this request's input included
         self.params: dict[str, Any] = {}
         self.ignored: list[str] = []
+        self.tool_index: dict[int, int] = {}  # a chat tool's position -> the client's tool's
         self.response_id = "resp_" + uuid.uuid4().hex  # the request's id once known (`_headers`)
         self.created_at = int(time.time())
         self.sequence = 0
@@ -394,6 +420,12 @@ class ResponsesWire(TranslatingWire):
         self.items = context + input_items(body)
         self.params = bridge_params(body)
         chat, self.ignored = await heavy_if(is_large(request), translate, body, self.items, self.params)
+        names = [tool.name for tool in body.tools or ()]
+        self.tool_index = {
+            n: names.index(name)
+            for n, tool in enumerate(chat.get("tools") or ())
+            if (name := (tool.get("function") or {}).get("name")) in names
+        }
         try:
             return await heavy_if(is_large(request), validate, ChatCompletionRequest, chat)
         except APIError as err:  # named as this API names it: the messages came from input
@@ -470,8 +502,11 @@ class ResponsesWire(TranslatingWire):
         out = dict(headers)
         if request_id := headers.get("x-polyroute-request-id"):
             self.response_id = "resp_" + request_id.removeprefix("req_")
-        if self.ignored:
-            out[IGNORED_HEADER] = ",".join(self.ignored)
+        # in chat's names (gateway/completions.py `note_ignored`, gateway/compose.py), renamed here
+        left_out = [name for name in headers.get(IGNORED_HEADER, "").split(",") if name]
+        ignored = [*self.ignored, *in_client_names(left_out, CLIENT_NAMES, self.tool_index)]
+        if ignored:
+            out[IGNORED_HEADER] = ",".join(dict.fromkeys(ignored))
         return out
 
     def answer(self, body: dict, headers: dict[str, str], background: BackgroundTask | None) -> Response:

@@ -21,7 +21,7 @@ import copy
 import logging
 import re
 import weakref
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
@@ -229,6 +229,8 @@ def ignored_params(
         if len(_IGNORED) >= MAX_CACHED_IGNORED:
             _IGNORED.clear()
         _IGNORED[key] = found
+    if "tools" in checked and "tools" not in found:
+        found += tool_fields_left_out(provider, model, checked["tools"], messages)
     return found
 
 
@@ -254,6 +256,91 @@ def _left_out(
         except Exception:  # the request cannot be built without it: it is carried
             continue
     return tuple(sorted(left_out))
+
+
+# A function tool's fields a provider's mapping may leave out while it keeps the tool (Anthropic's
+# keeps the name, description and parameters, not `strict`); a false one asks for the default.
+TOOL_FIELDS = ("strict",)
+# (provider, model, (tool index, field) asked) -> those the worker's request goes without
+_TOOLS_IGNORED: dict[tuple[str, str, tuple[tuple[int, str], ...]], tuple[str, ...]] = {}
+
+
+def tool_fields_left_out(
+    provider: str, model: str, tools: Any, messages: Callable[[], list[dict[str, Any]]]
+) -> tuple[str, ...]:
+    """The fields of the client's function tools (`TOOL_FIELDS`) that litellm's mapping for this
+    provider and model leaves out of the worker's request while it sends the tool, named in chat
+    completions' terms (`tools.0.strict`): `ignored_params` sees `tools` as a whole, which is sent.
+    A field is left out when the request built without it is the same. Cached per provider, model and
+    which tools ask for which field, as `ignored_params` is."""
+    if not isinstance(tools, list):
+        return ()
+    asked = tuple(
+        (n, name)
+        for n, tool in enumerate(tools)
+        if isinstance(tool, dict) and isinstance(tool.get("function"), dict)
+        for name in TOOL_FIELDS
+        if tool["function"].get(name)
+    )
+    if not asked:
+        return ()
+    key = (provider, model, asked)
+    found = _TOOLS_IGNORED.get(key)
+    if found is None:
+        found = _tool_fields_left_out(provider, model, tools, asked, messages())
+        if len(_TOOLS_IGNORED) >= MAX_CACHED_IGNORED:
+            _TOOLS_IGNORED.clear()
+        _TOOLS_IGNORED[key] = found
+    return found
+
+
+def _tool_fields_left_out(
+    provider: str,
+    model: str,
+    tools: list[dict[str, Any]],
+    asked: tuple[tuple[int, str], ...],
+    messages: list[dict[str, Any]],
+) -> tuple[str, ...]:
+    def built(tools: list[dict[str, Any]]) -> dict[str, Any]:
+        return get_optional_params(
+            model=model, custom_llm_provider=provider, messages=copy.deepcopy(messages), tools=tools
+        )
+
+    try:
+        full = built(copy.deepcopy(tools))
+    except Exception:  # refused, or not buildable here: nothing to name
+        log.debug("the tools of %s/%s could not be rebuilt to check their fields", provider, model)
+        return ()
+    left_out = []
+    for n, name in asked:
+        without = copy.deepcopy(tools)
+        del without[n]["function"][name]
+        try:
+            if built(without) == full:
+                left_out.append(f"tools.{n}.{name}")
+        except Exception:  # the request cannot be built without it: it is carried
+            continue
+    return tuple(left_out)
+
+
+def in_client_names(
+    names: Iterable[str], renames: Mapping[str, str], tool_index: Mapping[int, int]
+) -> list[str]:
+    """Chat-completions parameter names (as `ignored_params` gives them) in another API's own field
+    names, for that API's x-polyroute-ignored: ``renames`` maps a parameter's chat name to the
+    client's (`max_tokens` -> `max_output_tokens`), ``tool_index`` a chat tool's position to the
+    client's tool's (`tools.N.strict`). In order, without duplicates."""
+    out: list[str] = []
+    for name in names:
+        head, _, rest = name.partition(".")
+        position, _, field = rest.partition(".")
+        if head == "tools" and position.isdigit() and field:
+            name = f"tools.{tool_index.get(int(position), int(position))}.{field}"
+        else:
+            name = renames.get(name, name)
+        if name not in out:
+            out.append(name)
+    return out
 
 
 REFUSED_ATTR = "polyroute_refused_status"
