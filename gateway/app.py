@@ -70,6 +70,24 @@ class BodyDeadline:
         await self.app(scope, receive_in_time, send)
 
 
+class ListeningAddress:
+    """ASGI middleware: tell the data-dir lock where this gateway listens, from its first request
+    (the scope's `server`, the connection's local address). Under `uvicorn --factory` the app is
+    built and started before uvicorn binds, so only a request can tell; once known, one attribute
+    read per request. `polyroute serve` binds first and gives a lock that knows it already."""
+
+    def __init__(self, app: ASGIApp, lock: DataDirLock) -> None:
+        self.app = app
+        self.lock = lock
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if not self.lock.listening and scope["type"] == "http":
+            server = scope.get("server")
+            if server is not None and server[1] is not None:  # a Unix socket has no port: not learned
+                self.lock.listening_on(server[0], server[1])
+        await self.app(scope, receive, send)
+
+
 def create_app(
     settings: Settings | None = None, catalog: Catalog | None = None, lock: DataDirLock | None = None
 ) -> FastAPI:
@@ -91,7 +109,8 @@ def create_app(
 
 
 def _create_app(settings: Settings, catalog: Catalog | None, lock: DataDirLock | None) -> FastAPI:
-    lock = lock or DataDirLock(settings.data_dir, settings.host, settings.port)
+    # not `listening`: the ASGI server that serves this app binds after it is built, where it chooses
+    lock = lock or DataDirLock(settings.data_dir, settings.host, settings.port, listening=False)
     lock.acquire()  # before the data dir is read or written
     try:
         state = build_state(settings, catalog)
@@ -193,5 +212,6 @@ def _create_app(settings: Settings, catalog: Catalog | None, lock: DataDirLock |
     app.state.polyroute = state
     install_error_handlers(app)
     app.add_middleware(BodyDeadline, timeout_s=settings.body_timeout_s)
+    app.add_middleware(ListeningAddress, lock=lock)
     app.include_router(router)
     return app

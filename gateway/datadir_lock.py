@@ -11,8 +11,13 @@ file left behind by a dead process blocks nobody. Two opens in one process confl
 processes do (a second app built in the same process is refused too). The pid, host, address and start
 time written into the file are for the refusal message only; nothing decides on them. The address is
 the one `polyroute serve` bound (it binds before it locks, so `--port 0` is named as the port it
-became); under `uvicorn … --factory` it is the configured one (the settings' host:port: the app is
-built before uvicorn binds, and uvicorn's own --port never reaches it).
+became: `listening`). Under `uvicorn … --factory` (or any ASGI server) the app cannot know it at
+start: it is built, and its lifespan started, before uvicorn binds, and uvicorn's own --host/--port
+never reach it. So that lock records the settings' host:port marked as only `configured`, and the
+refusal says the gateway may listen elsewhere rather than name an address it may not be on; the
+gateway's first request tells it where it listens (the ASGI scope's `server`: the local address of
+the connection, so for a wildcard bind the interface that request came in on), and the record is
+rewritten with it (`listening_on`, from gateway/app.py).
 
 The CLI commands that work beside a running gateway (`keys`, `router train|activate|rollback|
 calibrate`, `ledger export`) do not take this lock: their writes are made to be concurrent with it.
@@ -41,11 +46,16 @@ class DataDirLock:
     """The gateway's lock on its data dir. `acquire` is a no-op while held; `release` keeps the file
     (unlinking a lock file lets a third process lock a new inode while the second holds the old)."""
 
-    def __init__(self, data_dir: Path | str, host: str, port: int) -> None:
+    def __init__(self, data_dir: Path | str, host: str, port: int, listening: bool = True) -> None:
+        """`host`:`port`: where the gateway listens (`listening`, as `polyroute serve` knows it, having
+        bound it first), or only its configured address (not `listening`: an ASGI server binds its own)."""
         self.data_dir = Path(data_dir)
         self.path = self.data_dir / LOCK_FILE
         self.host = host
         self.port = port
+        self.listening = listening
+        self._configured = (host, port, listening)  # what a start after a release records again
+        self._started_at = ""
         self._file: Any = None  # the open lock file while held; closing it releases the flock
 
     @property
@@ -70,24 +80,40 @@ class DataDirLock:
         except BaseException:
             lock_file.close()
             raise
+        self._file = lock_file
+        self._started_at = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        self._write_record()
+
+    def listening_on(self, host: str, port: int) -> None:
+        """The gateway was found listening on `host`:`port` (its first request's local address): the
+        record names it in place of the configured address. A no-op once the address is known."""
+        if self.listening or self._file is None:
+            return
+        self.host, self.port, self.listening = host, port, True
+        with contextlib.suppress(OSError):  # the record informs a refusal; serving does not depend on it
+            self._write_record()
+
+    def _write_record(self) -> None:
         record = json.dumps(
             {
                 "pid": os.getpid(),
                 "host": socket.gethostname(),
                 "address": f"{self.host}:{self.port}",
-                "started_at": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                "address_is": "listening" if self.listening else "configured",
+                "started_at": self._started_at,
             }
         ).encode()
         # written over the old record, then cut to length: a reader never finds the file empty
-        os.pwrite(lock_file.fileno(), record, 0)
-        os.ftruncate(lock_file.fileno(), len(record))
-        self._file = lock_file
+        os.pwrite(self._file.fileno(), record, 0)
+        os.ftruncate(self._file.fileno(), len(record))
 
     def release(self) -> None:
         """Let go (idempotent). The record is cleared first: a stopped gateway is named by nobody."""
         lock_file, self._file = self._file, None
         if lock_file is None:
             return
+        # a start after this one (the same app, started again) is served where its server binds then
+        self.host, self.port, self.listening = self._configured
         with contextlib.suppress(OSError):
             os.ftruncate(lock_file.fileno(), 0)
         lock_file.close()
@@ -116,10 +142,20 @@ def refusal(data_dir: Path, holder: dict[str, Any] | None) -> str:
     else:
         who = (
             f"pid {holder.get('pid', '?')} on host {holder.get('host', '?')}, configured address "
-            f"{holder.get('address', '?')}, started {holder.get('started_at', '?')}"
+            f"{holder.get('address', '?')}, started {holder.get('started_at', '?')}{_elsewhere(holder)}"
         )
     return (
         f"the data dir {data_dir.resolve()} is in use by another polyroute gateway ({who}); one "
         "gateway per data dir: stop that gateway, or give this one another data dir "
         "(POLYROUTE_DATA_DIR or --data-dir)"
+    )
+
+
+def _elsewhere(holder: dict[str, Any]) -> str:
+    """For a holder that recorded only its configured address: where it listens is not known."""
+    if holder.get("address_is") != "configured":
+        return ""
+    return (
+        "; started outside `polyroute serve` (e.g. by uvicorn --factory, which binds after the app "
+        "is built), it may listen on another address"
     )

@@ -246,7 +246,8 @@ class PendingBooks:
     before it closes the ledger and flushes the budgets) from its first worker call (a workflow's
     start, fast mode's first attempt: gateway/completions.py) until they are written: a request
     cancelled at shutdown reaches its bookkeeping only after the cancel, and its record must not
-    come after the ledger is closed."""
+    come after the ledger is closed. `Exchange.finish` writes every request's books through one too:
+    the shutdown's cancel may land while they are being written (a budget settle waiting on Redis)."""
 
     def __init__(self, state: AppState) -> None:
         self._written = asyncio.get_running_loop().create_future()
