@@ -314,6 +314,7 @@ async def _call_remote(
     async def attempt():
         response = await litellm.aembedding(**kwargs)
         raw = response.model_dump() if hasattr(response, "model_dump") else response
+        tracing.responded(raw)  # gen_ai.response.model on the worker call's span, as chat's
         vectors = _as_vectors(worker, raw.get("data") or [], len(inputs), size)
         usage = raw.get("usage") or {}
         return Embedded(vectors, int(usage.get("prompt_tokens") or 0))

@@ -29,6 +29,7 @@ from policies import (
     PolicyRequestError,
     Spend,
     Worker,
+    admit,
 )
 from router import list_versions
 from router.learned import resolve_cost_weight
@@ -142,23 +143,40 @@ async def healthz() -> JSONResponse:
 
 @router.get("/readyz")
 async def readyz(request: Request) -> JSONResponse:
-    """Ready when a policy is in force and at least one worker can be called; lists every worker.
+    """Ready when a policy is in force and at least one chat worker can be called; lists every worker,
+    embedding workers too (`"kind": "embedding"`: they do not make the gateway ready, as an in-process
+    embedder is always up while every chat request would fail).
     `catalog` says the catalog in force (sha256) and warns when the file on disk differs from it: an
-    edit not applied yet, or refused (`refused`, `on_disk_error`: why; gateway/catalog_reload.py)."""
+    edit not applied yet, or refused (`refused`, `on_disk_error`: why; gateway/catalog_reload.py).
+    A shared store (Redis) that stops answering leaves a replica that reached it ready but
+    `degraded` (Settings.ready_requires_store)."""
     state = _state(request)
-    admission = state.availability()
-    workers = {w.name: {"ready": True} for w in admission.pool}
+    catalog = state.catalog  # one version for the whole answer: the catalog is hot-reloaded
+    admission = state.availability(catalog)
+    workers: dict[str, dict[str, Any]] = {w.name: {"ready": True} for w in admission.pool}
     for exclusion in admission.excluded:
         workers[exclusion.worker] = {"ready": False, "reason": exclusion.reason}
+    embedding = admit(catalog, down=state.down_workers(catalog), kind=Kind.embedding)
+    for worker in embedding.pool:
+        workers[worker.name] = {"ready": True, "kind": "embedding"}
+    for exclusion in embedding.excluded:
+        workers[exclusion.worker] = {"ready": False, "reason": exclusion.reason, "kind": "embedding"}
     for name, proc in state.local.items():
         workers[name]["local"] = {"state": proc.state, "detail": proc.detail}
     policy = state.policy.status()
     store = state.auth.store
     keys = {"backend": type(store).__name__, "ok": await asyncio.to_thread(store.ping)}
-    shared_ok = await state.stores.ping()
-    ready = bool(admission.pool) and policy["in_force"] and keys["ok"] and shared_ok
+    shared_ok = await state.stores.ping()  # always: a failed probe opens the stores' breaker
+    store_ok = keys["ok"] and shared_ok
+    state.store_reached = state.store_reached or store_ok
+    # A shared store that stops answering makes every replica alike unable to reach it: unready, all
+    # would leave the Service at once. So only a replica that never reached it (nothing verified, a
+    # rollout during the outage) is unready, unless the operator asks for the strict rule.
+    store_ready = store_ok or (state.store_reached and not state.settings.ready_requires_store)
+    ready = bool(admission.pool) and policy["in_force"] and store_ready
     body = {
         "ready": ready,
+        "degraded": not store_ok,  # serving without the shared store (docs/replicas.md)
         "router": state.router.status(),
         "policy": policy,
         # a warning, never a reason to be unready: the catalog in force still serves

@@ -66,6 +66,13 @@ class Settings(BaseModel):
         description="OpenAI-wire providers over our pooled HTTP client; false: every call via litellm.acompletion",
     )
     key_reload_interval_s: float = Field(1.0, ge=0)
+    ready_requires_store: bool = Field(
+        False,
+        description="/readyz is 503 whenever the shared store (Redis) does not answer; false: only until "
+        "this replica first reached it. Redis is shared: an outage would make every replica unready at "
+        "once and the Service would have no endpoint, while each keeps serving what it can (keys it "
+        "verified, tenants without a budget)",
+    )
     redis_url: str | None = Field(None, description="shared state for replicas; also read from REDIS_URL")
     ledger_buffer_max: int = Field(
         50_000, ge=100, description="ledger records kept in memory while Redis is unreachable"

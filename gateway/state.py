@@ -54,6 +54,7 @@ class AppState:
     # books of requests still calling workers (`awaits`, PendingBooks)
     background: set[asyncio.Future] = field(default_factory=set)
     judge: Judge = field(default_factory=Judge)  # judge-labelled traffic (gateway/judge.py)
+    store_reached: bool = False  # the shared store answered a readiness probe since start (/readyz)
 
     @property
     def ledger(self):

@@ -24,7 +24,9 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager, nullcontext
 from contextvars import ContextVar
 from typing import Any
+from urllib.parse import unquote
 
+import orjson
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
@@ -87,11 +89,23 @@ def _from_env(env: Mapping[str, str]):
         traces_url = endpoint  # the signal's own endpoint is used as given
     else:
         traces_url = endpoint.rstrip("/") + "/v1/traces"
-    resource = Resource.create({"service.name": env.get("OTEL_SERVICE_NAME") or DEFAULT_SERVICE})
+    resource = Resource.create({"service.name": _service_name(env)})
     provider = TracerProvider(resource=resource)
     provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=traces_url)))
     log.info("OpenTelemetry traces go to %s (service %s)", traces_url, resource.attributes["service.name"])
     return provider
+
+
+def _service_name(env: Mapping[str, str]) -> str:
+    """`service.name` as the OTel spec orders it: OTEL_SERVICE_NAME, else the one in
+    OTEL_RESOURCE_ATTRIBUTES (an OTel Operator or a Helm value often sets only that), else polyroute."""
+    if name := (env.get("OTEL_SERVICE_NAME") or "").strip():
+        return name
+    for item in (env.get("OTEL_RESOURCE_ATTRIBUTES") or "").split(","):
+        key, _, value = item.partition("=")
+        if key.strip() == "service.name" and (value := unquote(value.strip())):
+            return value
+    return DEFAULT_SERVICE
 
 
 def shutdown(provider: Any = None) -> None:
@@ -112,13 +126,14 @@ def shutdown(provider: Any = None) -> None:
 class RequestTrace:
     """One request's SERVER span and what its children need to know (the data class)."""
 
-    __slots__ = ("span", "data_class", "streaming", "errored")
+    __slots__ = ("span", "data_class", "streaming", "errored", "code")
 
     def __init__(self, span) -> None:
         self.span = span
         self.data_class: str | None = None
         self.streaming = False
         self.errored = False
+        self.code: str | None = None  # the span's error.type, once it has one
 
     def admitted(self, admission) -> None:
         """The policy's verdict: the data class (which decides content capture) and the version."""
@@ -128,9 +143,10 @@ class RequestTrace:
 
     def error(self, status: int, code: str | None, request_id: str | None = None) -> None:
         self.errored = True
+        self.code = code or str(status)
         if request_id:
             self.span.set_attribute("polyroute.request_id", request_id)
-        self.span.set_attribute("error.type", code or str(status))
+        self.span.set_attribute("error.type", self.code)
         self.span.set_attribute("http.response.status_code", status)
         self.span.set_status(Status(StatusCode.ERROR, code or str(status)))
 
@@ -182,6 +198,7 @@ class _Off(RequestTrace):
         self.data_class = None
         self.streaming = False
         self.errored = False
+        self.code = None
 
     def admitted(self, admission) -> None:
         pass
@@ -247,13 +264,35 @@ def traced(endpoint):
             otel_context.detach(token)
         status = response.status_code
         span.set_attribute("http.response.status_code", status)
-        if status >= 400 and not handle.errored:
-            handle.error(status, str(status))
+        # A path that answered an error without naming its code to the span (or only its status, as
+        # `settled` does) gets the code its client was answered with: the documented error.type.
+        if status >= 400 and (not handle.errored or handle.code == str(status)):
+            handle.error(status, _answered_code(response) or str(status))
         if not handle.streaming:
             span.end()
         return response
 
     return handler
+
+
+def _answered_code(response) -> str | None:
+    """The error code in an error response's JSON body: polyroute's code on Anthropic's wire
+    (`polyroute.code`), else OpenAI's `error.code`, else `error.type`. None for a body that has none
+    (a stream, not JSON, not an error object)."""
+    body = getattr(response, "body", None)
+    if not body or not isinstance(body, bytes | bytearray | memoryview):
+        return None
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(data, dict):
+        return None
+    ours, error = data.get("polyroute"), data.get("error")
+    for holder, key in ((ours, "code"), (error, "code"), (error, "type")):
+        if isinstance(holder, dict) and isinstance(value := holder.get(key), str) and value:
+            return value
+    return None
 
 
 @contextmanager
@@ -343,13 +382,30 @@ class WorkerCall:
         if self.ended:
             return
         self.ended = True
-        self.usage(stream.prompt_tokens, stream.completion_tokens)
+        self.usage(*_stream_counts(stream))
         if stream.finish_reasons:
             self.span.set_attribute("gen_ai.response.finish_reasons", list(stream.finish_reasons))
         if self.capture:
             message = {"role": "assistant", "content": stream.text}
             self.span.set_attribute("gen_ai.output.messages", _json([message]))
         self.span.end()
+
+
+def _stream_counts(stream) -> tuple[int, int]:
+    """A stream's token counts as its ledger record will have them. A stream cut mid-way (the worker
+    failed, the client hung up) ends here before the pipeline counts what was streamed
+    (`OpenStream.account_cut`, after the cut has unwound to it): when the provider's usage never came
+    and nothing was counted yet, count the prompt and the text streamed the same way, without
+    touching the stream (its books, and the metrics, stay the pipeline's)."""
+    if getattr(stream, "_usage", None) is not None or getattr(stream, "_estimated", True):
+        return stream.prompt_tokens, stream.completion_tokens
+    from gateway.upstream import count_tokens  # gateway.upstream imports this module
+
+    try:
+        return count_tokens(stream.worker, stream.messages, stream.text)
+    except Exception:  # a span must never break the stream's settling
+        log.debug("counting a cut stream's tokens for its span failed", exc_info=True)
+        return stream.prompt_tokens, stream.completion_tokens
 
 
 def _start_call(operation: str, worker, api_base: str | None, chat=None) -> WorkerCall:
@@ -410,12 +466,15 @@ def worker_call(operation: str, worker, api_base: str | None, chat=None, end: bo
 
 
 def responded(raw: Any) -> None:
-    """The provider's own response model (a dict or litellm's object) on the current worker-call span."""
+    """The provider's own response model and id (from a completion or a stream's first chunk, a dict
+    or litellm's object) on the current worker-call span."""
     if _tracer is None:
         return
-    model = raw.get("model") if isinstance(raw, Mapping) else getattr(raw, "model", None)
-    if model:
-        trace.get_current_span().set_attribute("gen_ai.response.model", str(model))
+    span = trace.get_current_span()
+    for field, attribute in (("model", "gen_ai.response.model"), ("id", "gen_ai.response.id")):
+        value = raw.get(field) if isinstance(raw, Mapping) else getattr(raw, field, None)
+        if value:
+            span.set_attribute(attribute, str(value))
 
 
 def attempt_failed(exc: BaseException) -> None:

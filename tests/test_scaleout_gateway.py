@@ -177,6 +177,7 @@ def test_redis_down_and_back_without_restart(upstream, tmp_path):
         for key in (None, capped):  # both keys verified (and so remembered) while Redis is up
             answer = chat(gw, key)
             assert answer.status_code == 200, answer.text
+        assert httpx.get(gw.url + "/readyz").json()["degraded"] is False  # the probe reached Redis
         server.stop()
         # acme has no budget: served (a key verified minutes ago keeps working, the ledger buffers)
         served = chat(gw)
@@ -186,12 +187,14 @@ def test_redis_down_and_back_without_restart(upstream, tmp_path):
         down = chat(gw, capped)
         assert down.status_code == 503 and down.json()["error"]["code"] == "budget_store_unavailable"
         assert len(upstream.requests) == calls
+        # ready but degraded: Redis is every replica's, so an unready answer would empty the Service
         ready = httpx.get(gw.url + "/readyz")
-        assert ready.status_code == 503 and ready.json()["store"]["ok"] is False
+        assert ready.status_code == 200 and ready.json()["store"]["ok"] is False
+        assert ready.json()["degraded"] is True
         assert gw.state.stores.ledger.buffered >= 1
         server.start()
         deadline = time.monotonic() + 10
-        while httpx.get(gw.url + "/readyz").status_code != 200:
+        while httpx.get(gw.url + "/readyz").json()["degraded"]:
             assert time.monotonic() < deadline, "the gateway did not recover after Redis came back"
             time.sleep(0.1)
         assert chat(gw, capped).status_code == 200
@@ -203,6 +206,26 @@ def test_redis_down_and_back_without_restart(upstream, tmp_path):
     finally:
         gw.server.stop()
         server.stop()
+
+
+def test_the_strict_readiness_rule_is_kept_on_request(upstream, tmp_path):
+    """Ready-but-degraded is for a replica that reached Redis (it verified keys, it has books to
+    send); one started during the outage stays unready (test_redis_down_at_start_then_up), so a
+    rollout waits. POLYROUTE_READY_REQUIRES_STORE=true keeps the old rule: unready while Redis is down."""
+    server = RedisServer()
+    strict = start_gateway(
+        parse_catalog(catalog_yaml_for(upstream.url)),
+        tmp_path / "strict",
+        redis_url=server.url,
+        ready_requires_store=True,
+    )
+    try:
+        assert httpx.get(strict.url + "/readyz").status_code == 200
+        server.stop()
+        ready = httpx.get(strict.url + "/readyz")
+        assert ready.status_code == 503 and ready.json()["degraded"] is True
+    finally:
+        strict.server.stop()
 
 
 def test_redis_down_at_start_then_up(upstream, tmp_path):
