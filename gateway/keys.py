@@ -85,12 +85,28 @@ class KeyStore(Protocol):
     def ping(self) -> bool: ...
 
 
+def check_tenant(tenant: str) -> None:
+    """Refuse a tenant name a key must not carry, whoever creates the key (`POST /admin/keys` has a
+    stricter pattern of its own; the CLI and the stores come here). A colon is reserved: the gateway
+    keeps books under `<owner>:<tenant>` (the judge's budget is `judge:acme`, gateway/judge.py), so a
+    key for tenant "judge:acme" spent from, and was reported with, acme's judge budget. Spaces and
+    control characters are refused too: "acme " is a typo that no policy tenant matches, and a key
+    whose tenant no policy names gets no budget and no tenant rate limit."""
+    if not tenant or len(tenant) > 64:
+        raise ValueError("tenant must be 1 to 64 characters")
+    bad = next((c for c in tenant if c == ":" or c.isspace() or not c.isprintable()), None)
+    if bad is not None:
+        raise ValueError(
+            f"tenant {tenant!r} holds {bad!r}: a tenant name has no spaces, control characters or ':' "
+            "(':' is reserved for the gateway's own books, e.g. the judge's 'judge:<tenant>')"
+        )
+
+
 def new_key(
     tenant: str, name: str, admin: bool, rpm: int | None = None, tpm: int | None = None
 ) -> tuple[KeyRecord, str]:
     """A fresh key and its record; the plaintext is returned once and never stored."""
-    if not tenant or len(tenant) > 64:
-        raise ValueError("tenant must be 1 to 64 characters")
+    check_tenant(tenant)
     for label, value, unit in (("rpm", rpm, "requests"), ("tpm", tpm, "tokens")):
         if value is not None and value <= 0:
             raise ValueError(f"{label} must be a positive number of {unit} per minute")
@@ -115,24 +131,33 @@ class FileKeyStore:
         self.path = Path(path)
         self.reload_interval_s = reload_interval_s
         self._records: dict[str, KeyRecord] = {}  # key_hash -> record
-        self._mtime_ns: int | None = None
+        self._seen: tuple[int, ...] | None = None  # `_version` of the file as last read
         self._checked_at = 0.0
         self._lock = threading.Lock()
         self._load()
 
     # ---- reading -------------------------------------------------------------------------
+    @staticmethod
+    def _version(stat: os.stat_result) -> tuple[int, ...]:
+        """What tells one write of the file from the next. Not the mtime alone: a filesystem's
+        timestamps can be coarse (1 s on ext4 with small inodes and on some network mounts, a clock
+        tick on kernels before 6.13), so a revocation written in the same tick as the creation
+        this gateway had just read kept the old mtime and was never read: the revoked key went on
+        working. Every write replaces the file (a new inode), so the inode tells them apart."""
+        return (stat.st_mtime_ns, stat.st_ino, stat.st_size, stat.st_ctime_ns)
+
     def _load(self) -> None:
         try:
             stat = self.path.stat()
         except FileNotFoundError:
-            self._records, self._mtime_ns = {}, None
+            self._records, self._seen = {}, None
             return
-        if stat.st_mtime_ns == self._mtime_ns:
+        if self._version(stat) == self._seen:
             return
         raw = json.loads(self.path.read_text(encoding="utf-8") or "{}")
         records = [KeyRecord(**item) for item in raw.get("keys", [])]
         self._records = {r.key_hash: r for r in records}
-        self._mtime_ns = stat.st_mtime_ns
+        self._seen = self._version(stat)
 
     def _due(self) -> bool:
         return time.monotonic() - self._checked_at >= self.reload_interval_s
@@ -174,7 +199,7 @@ class FileKeyStore:
             fcntl.flock(lock_file, fcntl.LOCK_EX)
             try:
                 with self._lock:
-                    self._mtime_ns = None
+                    self._seen = None
                     self._load()
                     records = dict(self._records)
                 yield records
@@ -192,7 +217,7 @@ class FileKeyStore:
             os.fsync(fh.fileno())
         os.replace(tmp, self.path)
         with self._lock:
-            self._mtime_ns = None
+            self._seen = None
             self._load()
 
     def create(

@@ -82,6 +82,9 @@ async def enforce(limiter: Limiter, metrics: Metrics, tenant: str, limits: list[
                 f"{limit.rate} tokens per minute; lower max_tokens or shorten the prompt.",
                 type="rate_limit_error",
                 code="request_too_large",
+                # a 429 is retried by the openai and anthropic SDKs (twice, by default) unless told not
+                # to: this one fails the same way however long they wait
+                headers={"x-should-retry": "false"},
             )
     try:
         verdicts = await limiter.check(tenant, limits)

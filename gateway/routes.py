@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from fastapi import APIRouter, Request
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from starlette.responses import Response
 
 from gateway import anthropic, responses, tracing
@@ -203,6 +203,14 @@ class KeyCreate(BaseModel):
     rpm: int | None = Field(None, gt=0, description="this key's requests per minute")
     tpm: int | None = Field(None, gt=0, description="this key's tokens per minute")
 
+    @field_validator("rpm", "tpm", mode="before")
+    @classmethod
+    def _not_a_bool(cls, value: Any) -> Any:
+        """JSON true is not 1 request a minute (pydantic's lax mode would read it so)."""
+        if isinstance(value, bool):
+            raise ValueError("must be a whole number of requests or tokens per minute, not true/false")
+        return value
+
 
 @router.get("/admin/keys")
 async def admin_list_keys(request: Request) -> JSONResponse:
@@ -220,7 +228,15 @@ async def admin_create_key(request: Request) -> JSONResponse:
     record, plaintext = await asyncio.to_thread(
         lambda: state.auth.store.create(body.tenant, body.name, rpm=body.rpm, tpm=body.tpm)
     )
-    return JSONResponse({**record.public(), "key": plaintext}, status_code=201)
+    out = {**record.public(), "key": plaintext}
+    # allowed (a policy may name the tenant later), but said: a typo made a key without limits
+    engine = state.policy.engine
+    if engine is not None and body.tenant not in engine.policy.tenants:
+        out["warning"] = (
+            f"tenant {body.tenant!r} is not in the policy in force: no budget, tenant rate limit or "
+            "data class applies to this key until the policy names it"
+        )
+    return JSONResponse(out, status_code=201)
 
 
 @router.delete("/admin/keys/{key_id}")
