@@ -8,10 +8,20 @@ from polyroute.client import (
     ChatResult,
     ChatStream,
     Client,
+    PolyrouteConnectionError,
     PolyrouteError,
     PolyrouteTimeout,
     Route,
 )
 
-__all__ = ["AsyncClient", "ChatResult", "ChatStream", "Client", "PolyrouteError", "PolyrouteTimeout", "Route"]
+__all__ = [
+    "AsyncClient",
+    "ChatResult",
+    "ChatStream",
+    "Client",
+    "PolyrouteConnectionError",
+    "PolyrouteError",
+    "PolyrouteTimeout",
+    "Route",
+]
 __version__ = "0.1.0"

@@ -65,7 +65,9 @@ ModelKind = Annotated[
     str,
     typer.Option(help="quality model: auto (logreg vs lightgbm on validation), logreg, lightgbm, mf, knn"),
 ]
-console = Console(stderr=True)
+# stderr: messages and errors. soft_wrap: a message is one line however long (a path, a catalog error),
+# not cut into lines at 80 columns when stderr is a pipe or a log; tables go to their own Console().
+console = Console(stderr=True, soft_wrap=True)
 
 DataDir = Annotated[
     Path | None,
@@ -150,6 +152,25 @@ def _prepare_local_models(catalog, models_dir: Path) -> None:
         console.print(f"[green]model ready:[/] {escape(str(path))}")
 
 
+LOG_LEVELS = ("debug", "info", "warning", "error")  # the names both logging and uvicorn take
+
+
+def _invalid_settings(exc, given: set[str]) -> str:
+    """A pydantic ValidationError of the gateway's Settings as one line: each bad value with where it
+    came from (`--port`, or the POLYROUTE_* variable) and what it must be, not a traceback."""
+    from gateway.settings import ENV_PREFIX
+
+    problems = []
+    for error in exc.errors():
+        name = str(error["loc"][0]) if error.get("loc") else "settings"
+        source = f"--{name.replace('_', '-')}" if name in given else f"{ENV_PREFIX}{name.upper()}"
+        if name in ("redis_url", "qdrant_url") and name not in given:
+            source += f" or {name.upper()}"
+        value = f" {error['input']!r}" if "input" in error and not isinstance(error["input"], dict) else ""
+        problems.append(f"invalid {name}{value} (from {source}): {error['msg']}")
+    return "; ".join(problems)
+
+
 @app.command()
 def serve(
     host: Annotated[
@@ -166,9 +187,13 @@ def serve(
             "[env POLYROUTE_LOCAL_WORKERS, default: start them]",
         ),
     ] = None,
-    log_level: Annotated[str, typer.Option(help="debug, info, warning")] = "info",
+    log_level: Annotated[str, typer.Option(help=f"{', '.join(LOG_LEVELS)}")] = "info",
 ) -> None:
     """Run the gateway (embedded defaults: in-process state, the local llama.cpp worker)."""
+    if log_level.lower() not in LOG_LEVELS:  # both logging and uvicorn would fail on it with a traceback
+        raise typer.BadParameter(
+            f"{log_level!r}: use one of {', '.join(LOG_LEVELS)}", param_hint="--log-level"
+        )
     import uvicorn
     from rich.logging import RichHandler
 
@@ -176,14 +201,24 @@ def serve(
         level=log_level.upper(),
         format="%(name)s: %(message)s",
         datefmt="[%X]",
-        handlers=[RichHandler(console=console, show_path=False)],
+        handlers=[RichHandler(console=Console(stderr=True), show_path=False)],  # log lines wrap as logs
     )
+    from pydantic import ValidationError
+
     from gateway import Settings, create_app
     from policies import CatalogError, PolicyError, load_catalog
 
-    settings = Settings.from_env(
+    options = dict(
         host=host, port=port, workers_file=workers_file, data_dir=data_dir, local_workers=local_workers
     )
+    try:
+        settings = Settings.from_env(**options)
+    except ValidationError as exc:
+        given = {name for name, value in options.items() if value is not None}
+        console.print(
+            f"cannot start: {_invalid_settings(exc, given)}", style="red", markup=False, soft_wrap=True
+        )
+        raise typer.Exit(2) from None
     try:
         catalog = load_catalog(settings.workers_file)
     except CatalogError as exc:
@@ -239,7 +274,9 @@ def serve(
 
 @keys_app.command("create")
 def keys_create(
-    tenant: Annotated[str, typer.Option(help="tenant the key belongs to")] = "default",
+    tenant: Annotated[
+        str, typer.Option(help="tenant the key belongs to (no spaces, control characters or ':')")
+    ] = "default",
     name: Annotated[str, typer.Option(help="a label for people")] = "",
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="print only the key")] = False,
     rpm: Annotated[int | None, typer.Option(min=1, help="this key's requests per minute")] = None,
@@ -249,6 +286,24 @@ def keys_create(
     """Create a key. The key is printed once; only its hash is stored."""
     with _key_store_reachable():
         record, plaintext = _key_store(data_dir).create(tenant, name, rpm=rpm, tpm=tpm)
+    # A tenant the policy does not name is allowed (a policy may name it later), but its keys get no
+    # budget, tenant rate limit or data class meanwhile: a typo ("acem") made such a key silently.
+    # Said on stderr, also with -q (stdout stays the key alone); best effort: the gateway validates
+    # the policy itself, so one the CLI cannot read here is not this command's error.
+    from policies import PolicyError, compile_policy
+
+    path = _policy_file(None, data_dir)
+    try:
+        named = compile_policy(path.read_text(encoding="utf-8"), str(path)).policy.tenants
+    except (OSError, PolicyError):
+        named = None
+    if named is not None and tenant not in named:
+        console.print(
+            f"note: tenant {tenant!r} is not in the policy ({path}; it names {', '.join(sorted(named)) or 'none'}): "
+            "its keys get no budget, tenant rate limit or data class until the policy names it",
+            style="yellow",
+            markup=False,
+        )
     if quiet:
         print(plaintext)
         return
@@ -271,10 +326,14 @@ def keys_list(
         for record in records:
             print(json.dumps(record.public()))
         return
-    table = Table("id", "tenant", "name", "created", "status")
+    # the key's own limits are shown: without them a key made with --rpm looked like any other, and
+    # only --json told why its requests got 429s (its tenant's limits are in the policy)
+    table = Table("id", "tenant", "name", "created", "limits", "status")
     for r in records:
+        limits = ", ".join(f"{value} {unit}" for value, unit in ((r.rpm, "rpm"), (r.tpm, "tpm")) if value)
         table.add_row(  # cells are markup: a name like "[test] CI" would be lost, "[/x]" would raise
             *map(escape, (r.id, r.tenant, r.name, r.created_at)),
+            limits or "-",
             "revoked " + r.revoked_at if r.revoked_at else "active",
         )
     Console().print(table)
@@ -382,6 +441,23 @@ def policies_validate(
     )
 
 
+def _check_chat_model(model: str, aliases, catalog) -> None:
+    """A `--model` the gateway would answer 404 model_not_found is refused (exit 2), with the names it
+    takes, as the gateway's 404 lists them: explaining it as if it were `auto` would mislead."""
+    from router.compose.choose import PREFIX, WORKFLOWS
+
+    workflows = [PREFIX + name for name in WORKFLOWS]
+    if model == "auto" or model in workflows or model in aliases or catalog.get(model):
+        return
+    names = ", ".join(["auto", *workflows, *aliases, *catalog.names])
+    console.print(
+        f"unknown model {model!r}: the gateway answers it with 404 model_not_found; use one of: {names}",
+        style="red",
+        markup=False,
+    )
+    raise typer.Exit(2)
+
+
 @policies_app.command("explain")
 def policies_explain(
     text: Annotated[str, typer.Option(help="the request text to judge")],
@@ -421,6 +497,7 @@ def policies_explain(
     try:
         engine = compile_policy(path.read_text(encoding="utf-8"), str(path))
         catalog = load_catalog(_workers_file(workers_file))
+        _check_chat_model(model, engine.policy.aliases, catalog)
         admission = engine.evaluate(
             PolicyRequest(
                 tenant=tenant,
@@ -443,10 +520,11 @@ def policies_explain(
     out = Console()
     out.print(
         f"policy [bold]{escape(admission.policy_version)}[/] ({escape(str(path))}) · tenant "
-        f"[bold]{escape(tenant)}[/] · model {escape(model)}"
+        f"[bold]{escape(tenant)}[/] · model {escape(model)}",
+        soft_wrap=True,  # one line: the policy file's path is copied, never cut
     )
     reasons = escape("; ".join(admission.data_class_reasons))
-    out.print(f"data class [bold]{escape(admission.data_class)}[/] ({reasons})")
+    out.print(f"data class [bold]{escape(admission.data_class)}[/] ({reasons})", soft_wrap=True)
     out.print(f"rules in scope: {escape(', '.join(admission.rules_applied)) or 'none'}")
     table = Table("worker", "admitted", "rule", "reason")
     for worker in admission.pool:
@@ -1012,12 +1090,14 @@ def router_status(
         out.print(
             f"router dir {escape(str(root))}: in force "
             f"[bold]{escape(str(pointer.get('version') or 'none (rule-based router)'))}[/], "
-            f"previous {escape(str(pointer.get('previous') or '-'))}"
+            f"previous {escape(str(pointer.get('previous') or '-'))}",
+            soft_wrap=True,  # one line: the router dir's path is copied, never cut
         )
     else:
         out.print(
             f"router dir {escape(str(root))}: in force [bold red]unknown[/] "
-            "(current.json is damaged, see below)"
+            "(current.json is damaged, see below)",
+            soft_wrap=True,
         )
     table = Table("version", "model", "rows", "workers", "created")
     for card in list_versions(root):
@@ -1381,8 +1461,12 @@ def _pool_eval_model(
     from router.offline import FORMATS
     from router.offline.single import DEFAULT_MODEL, MODELS
 
-    if fmt not in FORMATS:
+    if fmt is None:
         raise typer.BadParameter(f"{what} needs --format, one of {', '.join(FORMATS)}", param_hint="--format")
+    if fmt not in FORMATS:  # named as given: "--format needs --format" read as if it were missing
+        raise typer.BadParameter(
+            f"{fmt!r} is not a format: use one of {', '.join(FORMATS)}", param_hint="--format"
+        )
     if not train or not test or out is None:
         raise typer.BadParameter(f"{what} needs --train FILE, --test FILE and --out RESULT.json")
     model = DEFAULT_MODEL if model == "auto" else model

@@ -76,6 +76,22 @@ class PolyrouteTimeout(PolyrouteError):
         self.sent = sent
 
 
+class PolyrouteConnectionError(PolyrouteError):
+    """No HTTP answer from the gateway (`status` 0, `code` `connection_error`): nothing listens at
+    the client's base URL, or the connection broke before the answer was whole.
+
+    `sent` says whether the request may have reached the gateway: False (refused, no such host)
+    means retrying is safe; True means the gateway may still finish and bill it, as for a timeout.
+    """
+
+    def __init__(self, message: str, method: str, path: str, base_url: str, sent: bool) -> None:
+        super().__init__(0, message, "connection_error", "connection_error")
+        self.method = method
+        self.path = path
+        self.base_url = base_url
+        self.sent = sent
+
+
 def usd(value: Any) -> Decimal:
     """A USD amount as the gateway sent it, without the exponent Decimal keeps from "0.000000000":
     `print(route.cost_usd)` shows 0 for a free worker and 0.0000123 for a cheap call, not 0E-9."""
@@ -131,25 +147,56 @@ class ChatResult:
         return (self.response.get("polyroute") or {}).get("trace")
 
 
+ERROR_TEXT_CHARS = 300  # how much of an answer that is not the gateway's JSON an error quotes
+
+
+def _error_fields(response: httpx.Response) -> dict[str, Any]:
+    """The OpenAI-format `error` object of an error answer. An answer that is not the gateway's (a
+    proxy's HTML page, `{"error": "Bad Gateway"}`, `{"message": ...}`, `{"detail": ...}`) keeps its
+    words in `message`, cut to ERROR_TEXT_CHARS, instead of failing to parse as the gateway's."""
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    if isinstance(body, dict):
+        error = body.get("error")
+        if isinstance(error, dict) and isinstance(error.get("message"), str):
+            return error
+        for words in (error, body.get("message"), body.get("detail")):
+            if isinstance(words, str) and words:
+                return {"message": words}
+    text = " ".join(response.text.split())
+    if len(text) > ERROR_TEXT_CHARS:
+        text = text[:ERROR_TEXT_CHARS] + "..."
+    reason = response.reason_phrase or "error"
+    return {"message": f"{reason} (not the gateway's error format): {text}" if text else reason}
+
+
+# A base URL copied from an OpenAI client's setting ends in /v1, and the SDK adds /v1 to every path.
+DOUBLED_V1_HINT = (
+    " (the client's base URL ends in /v1, and the SDK adds /v1 itself: give the gateway's root, "
+    "e.g. http://127.0.0.1:8400)"
+)
+
+
 def _raise_for(response: httpx.Response) -> None:
     if response.status_code < 400:
         return
-    try:
-        error = response.json().get("error", {})
-    except ValueError:
-        error = {"message": response.text}
+    error = _error_fields(response)
+    doubled = response.status_code == 404 and response.request.url.path.startswith("/v1/v1/")
     raise PolyrouteError(
         response.status_code,
-        error.get("message", ""),
-        error.get("type"),
-        error.get("code"),
+        error["message"] + (DOUBLED_V1_HINT if doubled else ""),
+        error.get("type") if isinstance(error.get("type"), str) else None,
+        error.get("code") if isinstance(error.get("code"), str) else None,
         response.headers.get("x-polyroute-request-id"),
     )
 
 
 @contextmanager
-def _timeouts(method: str, path: str, timeout: float | None) -> Iterator[None]:
-    """Turn httpx's timeouts into PolyrouteTimeout, saying what the gateway may still do."""
+def _timeouts(method: str, path: str, timeout: float | None, base_url: str = "") -> Iterator[None]:
+    """Turn httpx's timeouts into PolyrouteTimeout and its other transport errors into
+    PolyrouteConnectionError, saying where the client looked and what the gateway may still do."""
     started_at = datetime.now(UTC)
     try:
         yield
@@ -174,6 +221,35 @@ def _timeouts(method: str, path: str, timeout: float | None) -> Iterator[None]:
             started_at,
             sent=True,
         ) from exc
+    except httpx.TransportError as exc:
+        where = base_url or "the gateway"
+        reason = str(exc) or type(exc).__name__
+        if isinstance(exc, httpx.ConnectError | httpx.UnsupportedProtocol):
+            raise PolyrouteConnectionError(
+                f"{method} {path}: cannot reach the gateway at {where} ({reason}); is it running there? "
+                "Give the client its URL, or set POLYROUTE_BASE_URL or POLYROUTE_PORT. The request "
+                "was not sent, so retrying is safe.",
+                method,
+                path,
+                base_url,
+                sent=False,
+            ) from exc
+        raise PolyrouteConnectionError(
+            f"{method} {path}: the connection to the gateway at {where} broke before its answer was "
+            f"whole ({reason}). The gateway may still finish this request and bill it, so a retry "
+            "can pay twice.",
+            method,
+            path,
+            base_url,
+            sent=True,
+        ) from exc
+
+
+def _missing_key(admin: bool) -> str:
+    """Why a call was not sent for want of a key, and where the client looks for one."""
+    if admin:
+        return "no admin key given to the client: pass admin_key= or set POLYROUTE_ADMIN_KEY"
+    return "no API key given to the client: pass api_key= or set POLYROUTE_API_KEY"
 
 
 def _segment(value: str) -> str:
@@ -212,6 +288,11 @@ def _with_explain(headers: dict[str, str], explain: bool) -> dict[str, str]:
     return {**headers, "x-polyroute-trace": "1"} if explain else headers
 
 
+# An error event's status, as the gateway's ledger records how the stream ended: its deadline
+# passing mid-stream is a 504 (code request_timeout), a worker failing mid-stream a 502.
+STREAM_ERROR_STATUS = {"request_timeout": 504}
+
+
 def _events(lines: Iterator[str]) -> Iterator[dict[str, Any]]:
     for line in lines:
         if not line.startswith("data:"):
@@ -219,25 +300,50 @@ def _events(lines: Iterator[str]) -> Iterator[dict[str, Any]]:
         data = line[5:].strip()
         if data == "[DONE]":
             return
-        event = json.loads(data)
+        try:
+            event = json.loads(data)
+        except ValueError:
+            event = None
+        if not isinstance(event, dict):  # not the gateway's: a proxy's, or a body cut and spliced
+            raise PolyrouteError(
+                502,
+                f"the stream sent an event that is not a JSON object: {data[:ERROR_TEXT_CHARS]!r}",
+                "server_error",
+                "invalid_stream_event",
+            )
         if "error" in event:
-            err = event["error"]
-            raise PolyrouteError(502, err.get("message", ""), err.get("type"), err.get("code"))
+            err = event["error"] if isinstance(event["error"], dict) else {"message": str(event["error"])}
+            code = err.get("code")
+            status = STREAM_ERROR_STATUS.get(code, 502)
+            raise PolyrouteError(status, err.get("message", ""), err.get("type"), code)
         yield event
 
 
 class ChatStream:
-    """Iterate chunks; `route` is known at once, `usage`/`cost_usd` once the stream has ended."""
+    """Iterate chunks; `route` is known at once, `usage`/`cost_usd` once the stream has ended.
 
-    def __init__(self, response: httpx.Response, read_timeout: float | None = None) -> None:
+    The stream holds a connection until it has been read to the end or closed: `close()` it (or use
+    it as a context manager) when you stop early or never read it; the gateway then ends the call
+    and bills what it streamed. An error event in the stream raises `PolyrouteError` with the
+    stream's request id."""
+
+    def __init__(
+        self, response: httpx.Response, read_timeout: float | None = None, base_url: str = ""
+    ) -> None:
         self._response = response
         self._read_timeout = read_timeout
+        self._base_url = base_url
         self.route = Route.from_headers(response.headers)
         self.usage: dict[str, Any] | None = None
         self.cost_usd: Decimal | None = None
         self.trace: dict[str, Any] | None = None
+        self._text: list[str] = []  # the answer's text so far, for text() once the stream has ended
+        self._started = False
+        self._ended = False
 
     def _observe(self, chunk: dict[str, Any]) -> None:
+        if chunk.get("choices"):
+            self._text.append(chunk["choices"][0].get("delta", {}).get("content") or "")
         if chunk.get("usage"):
             self.usage = chunk["usage"]
         if chunk.get("polyroute", {}).get("cost_usd") is not None:
@@ -246,19 +352,46 @@ class ChatStream:
             self.trace = chunk["polyroute"]["trace"]
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
+        if self._started:
+            raise RuntimeError(
+                "this stream has been read already: a stream can be read once (its text, once it has "
+                "ended: stream.text())"
+            )
+        self._started = True
         try:
-            with _timeouts("POST", "/v1/chat/completions", self._read_timeout):
+            with _timeouts("POST", "/v1/chat/completions", self._read_timeout, self._base_url):
                 for chunk in _events(self._response.iter_lines()):
                     self._observe(chunk)
                     yield chunk
-        except PolyrouteTimeout as exc:
-            exc.request_id = self.route.request_id  # the headers arrived: the call has an id
+            self._ended = True
+        except PolyrouteError as exc:
+            if exc.request_id is None:
+                exc.request_id = self.route.request_id  # the headers arrived: the call has an id
             raise
         finally:
             self._response.close()
 
     def text(self) -> str:
-        return "".join((c["choices"][0]["delta"].get("content") or "") for c in self if c.get("choices"))
+        """The answer's text: reads the stream to its end, or, once it has ended, returns what it said."""
+        if not self._ended:
+            for _ in self:
+                pass
+        return "".join(self._text)
+
+    @property
+    def closed(self) -> bool:
+        """Whether the stream's connection has been given back (read to the end, or closed)."""
+        return self._response.is_closed
+
+    def close(self) -> None:
+        """Hang up: the gateway stops the call and bills what it streamed so far."""
+        self._response.close()
+
+    def __enter__(self) -> ChatStream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 class Client:
@@ -266,7 +399,9 @@ class Client:
 
     `timeout` (seconds, or an `httpx.Timeout`) bounds each connect and each read. The default
     outlasts the gateway's own request deadline, so the gateway's answer (or its 504) arrives; a
-    shorter one raises `PolyrouteTimeout` while the gateway may still finish and bill the call.
+    shorter one raises `PolyrouteTimeout` while the gateway may still finish and bill the call. No
+    HTTP answer at all (nothing listening at `base_url`, a connection cut) raises
+    `PolyrouteConnectionError`; both are `PolyrouteError`s, like every error answer.
     """
 
     def __init__(
@@ -284,7 +419,7 @@ class Client:
     def _headers(self, admin: bool = False) -> dict[str, str]:
         key = self.admin_key if admin else self.api_key
         if not key:
-            raise PolyrouteError(401, f"no {'admin' if admin else 'API'} key given to the client")
+            raise PolyrouteError(401, _missing_key(admin))
         return {"authorization": f"Bearer {key}"}
 
     def _request(
@@ -298,7 +433,7 @@ class Client:
         admin: bool = False,
     ) -> httpx.Response:
         """Send one request and return its answer; an error answer raises PolyrouteError."""
-        with _timeouts(method, path, self._http.timeout.read):
+        with _timeouts(method, path, self._http.timeout.read, self.base_url):
             response = self._http.request(
                 method, path, json=json, params=params, headers=headers or self._headers(admin)
             )
@@ -321,12 +456,12 @@ class Client:
             response = self._request("POST", "/v1/chat/completions", json=body, headers=headers)
             return ChatResult(response.json(), Route.from_headers(response.headers))
         request = self._http.build_request("POST", "/v1/chat/completions", json=body, headers=headers)
-        with _timeouts("POST", "/v1/chat/completions", self._http.timeout.read):
+        with _timeouts("POST", "/v1/chat/completions", self._http.timeout.read, self.base_url):
             response = self._http.send(request, stream=True)
             if response.status_code >= 400:
                 response.read()
         _raise_for(response)
-        return ChatStream(response, self._http.timeout.read)
+        return ChatStream(response, self._http.timeout.read, self.base_url)
 
     def models(self) -> list[dict[str, Any]]:
         return self._request("GET", "/v1/models").json()["data"]
@@ -436,7 +571,7 @@ class AsyncClient:
     def _headers(self, admin: bool = False) -> dict[str, str]:
         key = self.admin_key if admin else self.api_key
         if not key:
-            raise PolyrouteError(401, f"no {'admin' if admin else 'API'} key given to the client")
+            raise PolyrouteError(401, _missing_key(admin))
         return {"authorization": f"Bearer {key}"}
 
     async def _request(
@@ -450,7 +585,7 @@ class AsyncClient:
         admin: bool = False,
     ) -> httpx.Response:
         """Send one request and return its answer; an error answer raises PolyrouteError."""
-        with _timeouts(method, path, self._http.timeout.read):
+        with _timeouts(method, path, self._http.timeout.read, self.base_url):
             response = await self._http.request(
                 method, path, json=json, params=params, headers=headers or self._headers(admin)
             )
@@ -475,7 +610,7 @@ class AsyncClient:
         headers = _with_explain(self._headers(), explain)
         route: Route | None = None
         try:
-            with _timeouts("POST", "/v1/chat/completions", self._http.timeout.read):
+            with _timeouts("POST", "/v1/chat/completions", self._http.timeout.read, self.base_url):
                 async with self._http.stream(
                     "POST", "/v1/chat/completions", json=body, headers=headers
                 ) as resp:
@@ -486,8 +621,9 @@ class AsyncClient:
                     async for line in resp.aiter_lines():
                         for chunk in _events(iter((line,))):
                             yield chunk, route
-        except PolyrouteTimeout as exc:
-            exc.request_id = route.request_id if route else None
+        except PolyrouteError as exc:
+            if route is not None and exc.request_id is None:
+                exc.request_id = route.request_id  # the headers arrived: the call has an id
             raise
 
     async def models(self) -> list[dict[str, Any]]:
