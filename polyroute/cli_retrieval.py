@@ -7,10 +7,8 @@ throw-away data dir. Both import their heavy parts lazily.
 
 from __future__ import annotations
 
-import codecs
 import json
 import os
-import re
 import time
 from collections import deque
 from pathlib import Path
@@ -22,7 +20,10 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-SUPPORTED = (".txt", ".md", ".markdown", ".pdf", ".html", ".htm")  # = retrieval.SUPPORTED_SUFFIXES
+from polyroute.ingest_encoding import NotDecodable, as_utf8, text_encoding
+from polyroute.ingest_gateway import SUPPORTED, excerpt, ingest_answer, shown
+from polyroute.ingest_prune import prune_step
+
 MAX_BATCH_BYTES = 8 * 1024 * 1024
 
 retrieval_app = typer.Typer(
@@ -49,176 +50,6 @@ def _batches(files: list[Path], root: Path):
         size += length
     if batch:
         yield batch
-
-
-def _excerpt(response) -> str:
-    """What an error answer says, short: the gateway's error message, else the body's text without
-    markup (a proxy's HTML page)."""
-    try:
-        body = response.json()
-    except ValueError:
-        body = None
-    if isinstance(body, dict) and isinstance(body.get("error"), dict) and body["error"].get("message"):
-        return str(body["error"]["message"])[:300]
-    text = " ".join(re.sub(r"<[^>]*>", " ", response.text).split())
-    return (text[:200] + "…" if len(text) > 200 else text) or "(empty body)"
-
-
-def _ingest_answer(response) -> dict | None:
-    """The gateway's ingest answer ({"data", "errors", ...}), or None when the answer is not one:
-    an error status without per-file errors, or a body that is not the gateway's JSON (a proxy's)."""
-    try:
-        body = response.json()
-    except ValueError:
-        return None
-    if not isinstance(body, dict) or not isinstance(body.get("data"), list):
-        return None
-    if response.status_code >= 400 and not body.get("errors"):
-        return None
-    return body
-
-
-# ---- --encoding: text files are sent as UTF-8 --------------------------------------------------------
-TEXT_SUFFIXES = tuple(s for s in SUPPORTED if s != ".pdf")  # decoded by the gateway as UTF-8 text
-BYTE_ORDER_MARKS = (codecs.BOM_UTF8, codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)  # the gateway reads these
-
-
-class NotDecodable(ValueError):
-    """A text file that is not valid text in the encoding it is read in (its message names it)."""
-
-
-def _text_encoding(name: str) -> str | None:
-    """The codec's canonical name, or None when Python has no text encoding of that name
-    ("base64" is a codec but not a text encoding: bytes.decode refuses it, except for b"")."""
-    try:
-        info = codecs.lookup(name)
-    except LookupError:
-        return None
-    return info.name if getattr(info, "_is_text_encoding", True) else None
-
-
-def _as_utf8(name: str, data: bytes, encoding: str) -> bytes:
-    """A file's bytes as the gateway should get them: text files (.txt .md .html) in UTF-8.
-
-    The gateway decodes text files as UTF-8 (or UTF-16 with a byte-order mark), so a file in another
-    encoding is decoded here with `encoding` and sent re-encoded. A file with a byte-order mark, a
-    PDF, and a file that is valid UTF-8 text are sent as they are, whatever `encoding` says: a folder
-    may mix UTF-8 files with older ones, and reading a UTF-8 file as cp1252 would store mojibake
-    without a word. (Bytes with NUL in them are not UTF-8 *text*: UTF-16 without a mark is.)"""
-    if not name.lower().endswith(TEXT_SUFFIXES) or data.startswith(BYTE_ORDER_MARKS):
-        return data
-    try:
-        data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        first_error: UnicodeDecodeError | None = exc
-    else:
-        first_error = None
-    if encoding == "utf-8":
-        if first_error is None:
-            return data  # NUL bytes and all: the gateway says whether it is text
-        raise NotDecodable(
-            f"{name}: not valid UTF-8 text ({_where(data, first_error)}); if the file is in another "
-            "encoding, name it with --encoding (e.g. --encoding cp1252 for Windows files, latin-1, shift_jis)"
-        )
-    if first_error is None and b"\x00" not in data:
-        return data
-    try:
-        return data.decode(encoding).encode("utf-8")
-    except UnicodeError as exc:
-        where = _where(data, exc) if isinstance(exc, UnicodeDecodeError) else str(exc)
-        raise NotDecodable(
-            f"{name}: neither UTF-8 nor {encoding} text ({where}); name the file's encoding with --encoding"
-        ) from None
-
-
-def _where(data: bytes, error: UnicodeDecodeError) -> str:
-    return f"byte 0x{data[error.start]:02x} at offset {error.start}"
-
-
-# ---- --prune: documents of files no longer in the folder --------------------------------------------
-LIST_PAGE = 1000  # the gateway's largest page (MAX_LIST_LIMIT)
-DELETE_BATCH = 256
-
-
-class PruneFailed(RuntimeError):
-    """Listing or deleting the collection's documents failed (its message says how)."""
-
-
-def _file_like(doc_id: str) -> bool:
-    """Whether an id has the shape `polyroute ingest` gives documents: a relative path (no leading
-    '/', no empty, '.' or '..' part) with a suffix the command sends. Ids of documents sent as JSON
-    ("vacation", "kb:42") are not; ones that are (an id "faq.md") are checked further."""
-    parts = doc_id.split("/")
-    return doc_id.lower().endswith(SUPPORTED) and all(part not in ("", ".", "..") for part in parts)
-
-
-def _checked_json(response, what: str) -> dict:
-    if response.status_code != 200:
-        raise PruneFailed(f"{what}: HTTP {response.status_code}: {_excerpt(response)}")
-    try:
-        body = response.json()
-    except ValueError:
-        body = None
-    if not isinstance(body, dict):
-        raise PruneFailed(f"{what}: the answer is not the gateway's JSON: {_excerpt(response)}")
-    return body
-
-
-def _uploaded_as_file(http, url: str, collection: str, doc_id: str) -> bool:
-    """Whether the document was ingested as a file of that name (the gateway records the file's
-    name in its metadata), not sent as JSON with an id that happens to look like a path."""
-    from polyroute.client import _doc_path
-
-    response = http.get(url + _doc_path(collection, doc_id), params={"level": 2})
-    if response.status_code == 404:
-        return False  # deleted since it was listed: nothing to prune
-    body = _checked_json(response, f"reading document {doc_id!r}")
-    metadata = body.get("metadata")
-    return isinstance(metadata, dict) and metadata.get("filename") == doc_id
-
-
-def _stale_documents(http, url: str, collection: str, present: set[str]) -> list[str]:
-    """Ids of the collection's documents ingested from files of the folder's naming scheme that are
-    not among `present` (the ids of this run's files): their files were deleted or renamed."""
-    endpoint = f"{url}/v1/collections/{collection}/documents"
-    candidates: list[str] = []
-    after = ""
-    while True:
-        page = _checked_json(
-            http.get(endpoint, params={"limit": LIST_PAGE, "after": after}), f"listing {endpoint}"
-        )
-        data = page.get("data")
-        if not isinstance(data, list):
-            raise PruneFailed(f"listing {endpoint}: the answer has no list of documents")
-        ids = [d.get("id") for d in data if isinstance(d, dict) and isinstance(d.get("id"), str)]
-        candidates += [i for i in ids if i not in present and _file_like(i)]
-        if not page.get("has_more") or not ids:
-            break
-        after = ids[-1]
-    return [i for i in candidates if _uploaded_as_file(http, url, collection, i)]
-
-
-def _delete_documents(http, url: str, collection: str, doc_ids: list[str]) -> list[str]:
-    """Delete the documents (the documents endpoint's `delete` list, in batches); returns the ids
-    the gateway deleted. Raises PruneFailed (with what was deleted before) when a batch is refused."""
-    import httpx
-
-    endpoint = f"{url}/v1/collections/{collection}/documents"
-    deleted: list[str] = []
-    for start in range(0, len(doc_ids), DELETE_BATCH):
-        try:
-            response = http.post(endpoint, json={"delete": doc_ids[start : start + DELETE_BATCH]})
-            body = _checked_json(response, f"deleting from {endpoint}")
-        except (PruneFailed, httpx.HTTPError) as exc:
-            failed = PruneFailed(str(exc))
-            failed.deleted = deleted  # type: ignore[attr-defined]
-            raise failed from None
-        deleted += [d for d in body.get("deleted", []) if isinstance(d, str)]
-    return deleted
-
-
-def _shown(names: list[str], limit: int = 10) -> str:
-    return ", ".join(names[:limit]) + (f" and {len(names) - limit} more" if len(names) > limit else "")
 
 
 def ingest_command(
@@ -265,7 +96,7 @@ def ingest_command(
     except InvalidName as exc:
         console.print(f"[red]{escape(str(exc))}. Nothing was read or sent.[/red]")
         raise typer.Exit(2) from None
-    codec = _text_encoding(encoding)
+    codec = text_encoding(encoding)
     if codec is None:
         console.print(
             f"[red]--encoding {escape(repr(encoding))} is not a text encoding Python knows "
@@ -321,7 +152,7 @@ def ingest_command(
                 if name in undecodable:
                     continue
                 try:
-                    content = _as_utf8(name, p.read_bytes(), codec)
+                    content = as_utf8(name, p.read_bytes(), codec)
                 except NotDecodable as exc:
                     undecodable.add(name)
                     errors.append((name, str(exc)))
@@ -337,7 +168,7 @@ def ingest_command(
             except httpx.HTTPError as exc:
                 console.print(f"[red]cannot reach the gateway at {escape(f'{url}: {exc}')}[/red]")
                 raise typer.Exit(2) from None
-            body = _ingest_answer(response)
+            body = ingest_answer(response)
             if body is None and response.status_code == 413 and len(upload) > 1:
                 half = len(batch) // 2
                 queue.extendleft([(number, batch[half:]), (number, batch[:half])])
@@ -347,7 +178,7 @@ def ingest_command(
                 progress.console.print(
                     f"[red]✗ batch {number} of {len(batches)} ({len(batch)} files, {size / 1e6:.1f} MB) "
                     f"was not ingested: HTTP {response.status_code} from {escape(endpoint)}: "
-                    f"{escape(_excerpt(response))}[/red]"
+                    f"{escape(excerpt(response))}[/red]"
                 )
                 if response.status_code == 413:  # one file, too large on its own: the others go on
                     too_large.append(upload[0][1][0])
@@ -384,7 +215,7 @@ def ingest_command(
         progress.stop()
         unsent = too_large + not_sent
         pruned, prune_failed = (
-            _prune_step(http, url, collection, present, complete=not (errors or unsent))
+            prune_step(http, url, collection, present, not (errors or unsent), console)
             if prune
             else (0, False)
         )
@@ -401,42 +232,9 @@ def ingest_command(
             else "Raise the upload limit that refused the files too large to send (413), then rerun the "
             "same command (ids are the paths: files already in come back unchanged)"
         )
-        console.print(f"[red]not ingested: {escape(_shown(unsent))}. {advice}.[/red]")
+        console.print(f"[red]not ingested: {escape(shown(unsent))}. {advice}.[/red]")
     if errors or unsent or prune_failed:
         raise typer.Exit(1)
-
-
-def _prune_step(http, url: str, collection: str, present: set[str], complete: bool) -> tuple[int, bool]:
-    """--prune, after the ingest: delete the collection's documents of files no longer in the folder.
-    Nothing is deleted unless every file went in (`complete`): a file that failed may be the new name
-    of a document that would go. Only asked for: a collection several folders share would otherwise
-    cost a listing and a read of each other folder's document on every ingest. Returns (how many
-    were deleted, whether pruning failed)."""
-    import httpx
-
-    if not complete:
-        console.print(
-            "[yellow]nothing pruned: not every file was ingested (a failed file may be the new name of a "
-            "document that would go). Fix them and rerun with --prune.[/yellow]"
-        )
-        return 0, False
-    try:
-        stale = _stale_documents(http, url, collection, present)
-    except (PruneFailed, httpx.HTTPError) as exc:
-        console.print(f"[red]nothing pruned: {escape(str(exc))}[/red]")
-        return 0, True
-    try:
-        deleted = _delete_documents(http, url, collection, stale) if stale else []
-    except PruneFailed as exc:
-        deleted = getattr(exc, "deleted", [])
-        for doc_id in deleted:
-            console.print(f"pruned {escape(doc_id)}")
-        left = [d for d in stale if d not in set(deleted)]
-        console.print(f"[red]pruning stopped: {escape(str(exc))}; not deleted: {escape(_shown(left))}[/red]")
-        return len(deleted), True
-    for doc_id in deleted:
-        console.print(f"pruned {escape(doc_id)}")
-    return len(deleted), False
 
 
 @retrieval_app.command("eval")

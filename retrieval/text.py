@@ -11,6 +11,7 @@ import html
 import itertools
 import re
 import unicodedata
+from array import array
 from dataclasses import dataclass
 from html.parser import HTMLParser
 from io import BytesIO
@@ -75,17 +76,65 @@ def normalize(text: str) -> str:
     return clean(unicodedata.normalize("NFKC", text))
 
 
+# Southeast Asian scripts written without spaces between words: Thai, Lao, Myanmar (and its
+# extensions A and B), Khmer (and Khmer symbols), Tai Le, New Tai Lue, Buginese, Tai Tham, Tai Viet.
+# Their words are cut by dictionaries (PyThaiNLP and the like: too heavy here); without one, a run of
+# them is matched by overlapping pairs of character clusters (a letter with its vowel and tone marks),
+# as Lucene's CJK bigram filter matches Chinese: a word of a query shares all its pairs with the text
+# it occurs in. Split at `\w` alone, a Thai run broke at every combining vowel mark (not a word
+# character) into fragments that straddled words, so a word searched for matched nothing.
+SPACELESS_SE_ASIAN = "\u0e00-\u0eff\u1000-\u109f\u1780-\u17ff\u1950-\u1aaf\ua9e0-\ua9ff\uaa60-\uaadf"
+_SE_ASIAN_MARKS = "".join(
+    re.escape(chr(c))
+    for lo, hi in (
+        (0x0E00, 0x0EFF),
+        (0x1000, 0x109F),
+        (0x1780, 0x17FF),
+        (0x1950, 0x1AAF),
+        (0xA9E0, 0xA9FF),
+        (0xAA60, 0xAADF),
+    )
+    for c in range(lo, hi + 1)
+    if unicodedata.category(chr(c)).startswith("M")
+)
+_SE_ASIAN_CLUSTER = rf"[{SPACELESS_SE_ASIAN}][{_SE_ASIAN_MARKS}]*"
+_CLUSTER = re.compile(_SE_ASIAN_CLUSTER)
+_TOKEN_RUN = re.compile(rf"(?:{_SE_ASIAN_CLUSTER})+|[^\W{SPACELESS_SE_ASIAN}]+")
+_HAS_SE_ASIAN = re.compile(rf"[{SPACELESS_SE_ASIAN}]")
+# Part of a document's content hash when its text holds these scripts: documents ingested before
+# their tokens and chunks changed are written again when sent again (others stay "unchanged").
+SE_ASIAN_TEXT_VERSION = "se-asian-bigrams-1"
+
+
+def has_spaceless_se_asian(text: str) -> bool:
+    return _HAS_SE_ASIAN.search(text) is not None
+
+
+def _cluster_pairs(run: str) -> list[str]:
+    clusters = _CLUSTER.findall(run)
+    if len(clusters) < 2:
+        return clusters
+    return [clusters[i] + clusters[i + 1] for i in range(len(clusters) - 1)]
+
+
 def tokenize(text: str) -> list[str]:
     """Lower-cased word tokens (runs of word characters in any script: a Chinese or Japanese clause,
-    written without spaces, is one token), stop words dropped, Snowball-stemmed."""
+    written without spaces, is one token), stop words dropped, Snowball-stemmed. A run of a
+    Southeast Asian script written without spaces (Thai, Lao, Khmer, Burmese, …) gives its
+    overlapping pairs of character clusters instead (`SPACELESS_SE_ASIAN`)."""
     global _stemmer
     if _stemmer is None:
         _stemmer = _Stemmer()
     stemmer = _stemmer
     cache = stemmer._cache  # inlined lookup: this loop is the indexing path's hot spot
     out = []
-    for w in _WORD.findall(normalize(text).casefold()):
+    normalized = normalize(text).casefold()
+    words = _TOKEN_RUN.findall(normalized) if _HAS_SE_ASIAN.search(normalized) else _WORD.findall(normalized)
+    for w in words:
         if w in STOP_WORDS or (len(w) == 1 and w.isascii()):
+            continue
+        if _HAS_SE_ASIAN.match(w):
+            out.extend(_cluster_pairs(w))
             continue
         stem = cache.get(w)
         out.append(stem if stem is not None else stemmer(w))
@@ -104,8 +153,17 @@ class Chunk:
 # Scripts written without spaces between words (Han, Hiragana, Katakana; CJK punctuation, not the
 # ideographic space): each character is one chunking unit, about one token for the embedding model.
 _NO_SPACE_SCRIPTS = "\u3001-\u303f\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0003134f"
-MAX_UNIT_CHARS = 40  # a longer run without whitespace (a URL, base64, Thai) counts as several words
-_UNIT = re.compile(rf"[{_NO_SPACE_SCRIPTS}]|[^\s{_NO_SPACE_SCRIPTS}]{{1,{MAX_UNIT_CHARS}}}")
+MAX_UNIT_CHARS = 40  # a longer run without whitespace (a URL, base64) counts as several words
+# In the Southeast Asian scripts without spaces, a word averages about four character clusters: up to
+# four clusters are one unit, so a chunk, a title clipped to 12 words or a summary of 16 holds about
+# as much as in English (as 40-character units, a chunk was ~8,000 Thai characters, a 12-word title
+# ~500). A unit never splits a letter from its vowel or tone marks.
+SE_ASIAN_UNIT_CLUSTERS = 4
+_NOT_SPACED = _NO_SPACE_SCRIPTS + SPACELESS_SE_ASIAN
+_UNIT = re.compile(
+    rf"[{_NO_SPACE_SCRIPTS}]|(?:{_SE_ASIAN_CLUSTER}){{1,{SE_ASIAN_UNIT_CLUSTERS}}}"
+    rf"|[^\s{_NOT_SPACED}]{{1,{MAX_UNIT_CHARS}}}"
+)
 _SENTENCE_ENDS = ".!?。！？．"
 
 
@@ -113,7 +171,8 @@ def chunk_text(text: str, max_words: int = 200, overlap_words: int = 40) -> list
     """Windows of about `max_words` words, each overlapping the previous by `overlap_words`.
 
     A "word" is a run of non-space characters, except that a Chinese or Japanese character counts as
-    one and a run longer than MAX_UNIT_CHARS counts as several: split at whitespace only, a document
+    one, up to SE_ASIAN_UNIT_CLUSTERS clusters of Thai, Lao, Khmer, Burmese, … count as one, and a
+    run longer than MAX_UNIT_CHARS counts as several: split at whitespace only, a document
     in those scripts (or a long run without spaces) was one chunk of any length, of which the
     embedding model reads only its first ~256 tokens, and every hit returned all of it.
     Boundaries snap back to a sentence end inside the window's last third when there is one, so a
@@ -122,21 +181,27 @@ def chunk_text(text: str, max_words: int = 200, overlap_words: int = 40) -> list
     """
     if overlap_words >= max_words:
         raise ValueError("overlap_words must be smaller than max_words")
-    spans = [(m.start(), m.end()) for m in _UNIT.finditer(text)]
-    if not spans:
+    # unit offsets in two flat arrays: a list of tuples took ~110 bytes a unit (400 MB for 20 MB of text)
+    starts, ends = array("q"), array("q")
+    for m in _UNIT.finditer(text):
+        begin, finish = m.span()
+        starts.append(begin)
+        ends.append(finish)
+    units = len(starts)
+    if not units:
         return []
     chunks: list[Chunk] = []
     start = 0
     while True:
-        end = min(start + max_words, len(spans))
-        if end < len(spans):
+        end = min(start + max_words, units)
+        if end < units:
             for i in range(end - 1, start + (2 * max_words) // 3, -1):
-                if text[spans[i][1] - 1] in _SENTENCE_ENDS:
+                if text[ends[i] - 1] in _SENTENCE_ENDS:
                     end = i + 1
                     break
-        begin, finish = spans[start][0], spans[end - 1][1]
+        begin, finish = starts[start], ends[end - 1]
         chunks.append(Chunk(len(chunks), text[begin:finish], begin, finish))
-        if end >= len(spans):
+        if end >= units:
             return chunks
         start = max(end - overlap_words, start + 1)
 
