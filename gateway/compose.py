@@ -97,6 +97,9 @@ SAMPLING = (
     "frequency_penalty",
     "seed",
 )
+# Sent to every step with the sampling: the client's end-user id, which providers read for abuse
+# monitoring (every step asks on that user's behalf; a worker whose mapping drops it says so, IGNORED)
+STEP_PARAMS = (*SAMPLING, "user")
 # The client's output format: sent to the steps whose answer may be returned, not to a judge's (base.JUDGING_ROLES)
 ANSWER_FORMAT = ("response_format", "logprobs", "top_logprobs", "logit_bias")
 STREAM_CHUNK_CHARS = 48
@@ -673,7 +676,7 @@ async def respond(state, request: Request, ex, composition: Composition) -> Resp
         await ex.finish(state, None, err.status, [refusal], strategy=strategy)
         _count_failure(state, ex, strategy, err.code or err.type, str(err.status))
         return error_response(err)
-    params = {k: v for k in SAMPLING if (v := getattr(chat, k)) is not None}
+    params = {k: v for k in STEP_PARAMS if (v := getattr(chat, k)) is not None}
     deadline = asyncio.get_running_loop().time() + ex.remaining(state)
     given_up: list[Attempt] = []  # the steps' worker calls given up (retried, failed, or cut short)
     unsupported: list[WorkerError] = []  # the steps refused for a parameter their worker lacks

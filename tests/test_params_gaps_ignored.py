@@ -311,6 +311,22 @@ def test_a_composed_chat_answer_names_what_a_step_went_without(
     assert ledger_record(cgw, request_id)["trace"]["ignored_params"] == ["response_format"]
 
 
+def test_every_step_of_a_workflow_gets_the_clients_user(cgw: Gateway, cascade: FakeUpstream) -> None:
+    """`user` (the end user's id, for the providers' abuse monitoring) reached no step: it was not
+    among the parameters a workflow forwards. Claude keeps it (as metadata.user_id): nothing named."""
+    sdk = openai.OpenAI(base_url=cgw.v1, api_key=cgw.api_key, max_retries=0, timeout=120)
+    raw = sdk.chat.completions.with_raw_response.create(
+        model="compose:cascade", messages=[{"role": "user", "content": QUESTION}], max_tokens=50, user="u-77"
+    )
+    raw.parse()
+    assert _steps(cgw, raw.headers["x-polyroute-request-id"]) == [("answer", "claude"), ("judge", "pricey")]
+    (answered,) = cascade.requests_for("claude-fake")
+    assert answered["metadata"] == {"user_id": "u-77"}
+    (judged,) = cascade.requests_for("pricey-model")
+    # the judge's worker (OpenAI's wire, a model outside OpenAI's catalog) is sent it and drops it
+    assert "user" not in judged and raw.headers[IGNORED] == "user"
+
+
 def test_a_composed_answer_names_nothing_when_no_step_went_without(
     cgw: Gateway, cascade: FakeUpstream
 ) -> None:
