@@ -315,3 +315,22 @@ def gateway_with(
         yield gateway
     finally:
         gateway.server.stop()
+
+
+@pytest.fixture(scope="module")
+def exporter():
+    """OpenTelemetry on for a module's tests: the spans the in-process gateway ends, in memory (the
+    SDK's own exporter; `exporter.provider` is the TracerProvider installed)."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from gateway import tracing
+
+    memory = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    assert tracing.setup(provider=provider, capture_content=False) is provider
+    memory.provider = provider  # type: ignore[attr-defined]
+    yield memory
+    tracing.shutdown(provider)

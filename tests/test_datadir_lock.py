@@ -23,7 +23,7 @@ from gateway.datadir_lock import LOCK_FILE, DataDirLock, DataDirLocked
 from policies import PolicyError, parse_catalog
 from tests.conftest import ADMIN_KEY, FAKE_KEY_ENV, catalog_yaml_for, start_gateway
 
-START_TIMEOUT_S = 180  # a `polyroute serve` that imports everything on a loaded 2-core machine
+START_TIMEOUT_S = 240  # a `polyroute serve` that imports everything on a loaded 2-core machine
 ADVICE = "stop that gateway, or give this one another data dir (POLYROUTE_DATA_DIR or --data-dir)"
 
 
@@ -134,17 +134,18 @@ def cli_env(**extra: str) -> dict[str, str]:
 
 @contextmanager
 def served_by_subprocess(
-    data_dir: Path, catalog_file: Path, port: int | None = None
+    data_dir: Path, catalog_file: Path, port: int | None = None, **env: str
 ) -> Iterator[tuple[subprocess.Popen, int]]:
     """`polyroute serve` on data_dir, yielded once it has printed its "polyroute on http://…" line
     (printed after create_app, so the data dir is locked by then), with the port that line names
-    (`port`: the one asked for, a free one by default, 0 for any); killed on exit."""
+    (`port`: the one asked for, a free one by default, 0 for any; `env`: settings beside cli_env's);
+    killed on exit."""
     port = free_port() if port is None else port
     command = [sys.executable, "-m", "polyroute.cli", "serve", "--port", str(port), "--no-local-workers"]
     command += ["--data-dir", str(data_dir), "--workers-file", str(catalog_file), "--log-level", "warning"]
     proc = subprocess.Popen(
         command,
-        env=cli_env(COLUMNS="1000"),
+        env=cli_env(COLUMNS="1000", **env),
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,

@@ -11,12 +11,8 @@ import time
 
 import httpx
 import pytest
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 
-from gateway import tracing
 from policies import parse_catalog
 from tests.conftest import catalog_yaml_for, ledger_record, start_gateway
 
@@ -147,16 +143,6 @@ def test_worker_up_reports_each_worker(gateway, upstream):
     for name, info in ready.items():  # ...so each worker should have a sample agreeing with /readyz
         want = 1.0 if info["ready"] else 0.0
         assert f'polyroute_worker_up{{worker="{name}"}} {want}' in text, f"no/incorrect sample for {name}"
-
-
-@pytest.fixture(scope="module")
-def exporter():
-    memory = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(memory))
-    tracing.setup(provider=provider, capture_content=False)
-    yield memory
-    tracing.shutdown(provider)
 
 
 @pytest.fixture(scope="module")

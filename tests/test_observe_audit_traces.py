@@ -22,9 +22,6 @@ import time
 import httpx
 import orjson
 import pytest
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
 from gateway import tracing
@@ -34,17 +31,6 @@ from tests.conftest import catalog_yaml_for, ledger_record, start_gateway, strea
 MAX_WAIT_S = 60.0  # a generous cap: a stream's spans end in a task of their own; never a fixed sleep
 MESSAGES = [{"role": "user", "content": "hello there friend"}]
 LONG_TEXT = " ".join(f"word{i}" for i in range(60))
-
-
-@pytest.fixture(scope="module")
-def exporter():
-    memory = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(memory))
-    assert tracing.setup(provider=provider, capture_content=False) is provider
-    memory.provider = provider  # type: ignore[attr-defined]
-    yield memory
-    tracing.shutdown(provider)
 
 
 @pytest.fixture(autouse=True)

@@ -14,12 +14,9 @@ Both through `polyroute serve` in a subprocess on the embedded Qdrant Edge store
 from __future__ import annotations
 
 import os
-import queue
 import random
 import signal
-import socket
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -31,69 +28,20 @@ import pytest
 
 from gateway.keys import FileKeyStore
 from retrieval.text import chunk_text
-from tests.conftest import ADMIN_KEY, FAKE_KEY_ENV, catalog_yaml_for
+from tests.conftest import catalog_yaml_for
+from tests.test_datadir_lock import served_by_subprocess
 
-START_TIMEOUT_S = 240  # `polyroute serve` importing everything on a loaded 2-core machine
 REQUEST_TIMEOUT_S = 1800  # a 20 MB ingest on a loaded machine
 COLLECTION = "handbook"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @contextmanager
 def serve(data_dir: Path, catalog_file: Path) -> Iterator[tuple[subprocess.Popen, str]]:
     """`polyroute serve` on data_dir (minilm-static embedder: no model forward pass), yielded with its
-    URL once it answers /healthz; killed on exit if still running."""
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("POLYROUTE_")}
-    env.update(
-        {
-            FAKE_KEY_ENV: "sk-test",
-            "POLYROUTE_ADMIN_KEY": ADMIN_KEY,
-            "POLYROUTE_RETRIEVAL_EMBEDDER": "minilm-static",
-            "POLYROUTE_KEY_RELOAD_INTERVAL_S": "0.2",
-        }
-    )
-    command = [sys.executable, "-m", "polyroute.cli", "serve", "--port", str(port), "--no-local-workers"]
-    command += ["--data-dir", str(data_dir), "--workers-file", str(catalog_file), "--log-level", "warning"]
-    proc = subprocess.Popen(
-        command,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    lines: queue.Queue[str | None] = queue.Queue()
-
-    def read() -> None:  # drains stderr for the process's whole life, so it never blocks on the pipe
-        for line in proc.stderr:  # type: ignore[union-attr]
-            lines.put(line)
-        lines.put(None)
-
-    threading.Thread(target=read, daemon=True).start()
-    url = f"http://127.0.0.1:{port}"
-    seen: list[str] = []
-    try:
-        while True:
-            try:
-                line = lines.get(timeout=START_TIMEOUT_S)
-            except queue.Empty:
-                pytest.fail(f"polyroute serve printed nothing for {START_TIMEOUT_S} s: {''.join(seen)}")
-            if line is None:
-                pytest.fail(f"polyroute serve exited ({proc.wait()}): {''.join(seen)}")
-            seen.append(line)
-            if "polyroute on http://" in line:
-                break
-        yield proc, url
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait(timeout=60)
+    URL once it listens; killed on exit if still running."""
+    settings = {"POLYROUTE_RETRIEVAL_EMBEDDER": "minilm-static", "POLYROUTE_KEY_RELOAD_INTERVAL_S": "0.2"}
+    with served_by_subprocess(data_dir, catalog_file, **settings) as (proc, port):
+        yield proc, f"http://127.0.0.1:{port}"
 
 
 @pytest.fixture

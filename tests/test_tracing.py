@@ -14,9 +14,6 @@ import httpx
 import pytest
 import yaml
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -66,17 +63,6 @@ def embedding_worker(upstream_url: str) -> str:
     provider: anthropic
     jurisdiction: US
 """
-
-
-@pytest.fixture(scope="module")
-def exporter():
-    memory = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(memory))
-    assert tracing.setup(provider=provider, capture_content=False) is provider
-    memory.provider = provider  # type: ignore[attr-defined]
-    yield memory
-    tracing.shutdown(provider)
 
 
 @pytest.fixture(autouse=True)
