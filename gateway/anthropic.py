@@ -20,6 +20,7 @@ cut here as well, or kept and cut here only). See docs/anthropic.md.
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any, Literal
@@ -90,6 +91,8 @@ CLIENT_NAMES = {
 }
 COUNTER_HEADER = "x-polyroute-token-counter"
 DEFAULT_COUNTER = "litellm default (tiktoken cl100k_base)"
+# count_tokens' `strategy` label in polyroute_requests_total (its worker label is "-": none is called)
+COUNT_TOKENS_STRATEGY = "count_tokens"
 
 
 def error_type(status: int) -> str:
@@ -592,6 +595,7 @@ async def count_tokens(request: Request) -> Response:
     the named worker's model; for auto, an alias or a workflow (the worker is not chosen yet), with
     litellm's default tokenizer. The counter used is named in x-polyroute-token-counter. Authenticated
     and rate limited (one request, no tokens) like any call; nothing is sent to a worker."""
+    started = time.perf_counter()
     state: AppState = request.app.state.polyroute
     engine = state.policy.engine
     try:
@@ -617,9 +621,10 @@ async def count_tokens(request: Request) -> Response:
         chat, _, _ = translate(body)
         counted = await heavy_if(is_large(request), _count, worker.model if worker else None, chat)
     except APIError as err:
-        state.metrics.errors.labels(err.code or err.type).inc()
+        state.metrics.count_request(started, err.status, COUNT_TOKENS_STRATEGY, err.code or err.type)
         return error_response(err)
     headers[COUNTER_HEADER] = worker.model if worker else DEFAULT_COUNTER
+    state.metrics.count_request(started, 200, COUNT_TOKENS_STRATEGY)
     return JSONResponse({"input_tokens": counted}, headers=headers)
 
 

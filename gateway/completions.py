@@ -1058,10 +1058,9 @@ async def _cut_at_shutdown(state: AppState, ex: Exchange, failures: list[WorkerE
     trace = {**(_degraded_trace(ex, None, Usage(), failures) or {}), "ended": "cancelled"}
     status = 503
     tried = [*given_up(failures), *ex.cut]
-    worker = tried[-1].worker if tried else "-"
     await ex.finish(state, None, status, failures, trace=trace)
     ex.trace.error(status, "cancelled")
-    _count_unanswered(state, ex, "cancelled", worker, status)
+    _count_unanswered(state, ex, "cancelled", None, status)  # as the ledger: nobody answered
     log.warning(
         "request %s: cancelled while calling workers (the gateway is shutting down); %d call(s) given up",
         ex.request_id,
@@ -1302,7 +1301,7 @@ async def _client_gone(
         trace=trace,
     )
     ex.trace.error(status, "client_disconnected")
-    _count_unanswered(state, ex, "client_disconnected", worker or "-", status)
+    _count_unanswered(state, ex, "client_disconnected", worker, status)
     err = APIError(status, "the client closed the request before its answer", code="client_disconnected")
     err.headers = {**ex.headers, **_left_out(ex)}
     return ex.wire.error(err)
@@ -1331,16 +1330,17 @@ async def _failed(
     # a workflow answered in fast mode, and nobody answered: traced as such (and who was left out)
     trace = _degraded_trace(ex, None, Usage(), failures)
     await ex.finish(state, None, err.status, failures, trace=trace)
-    _count_unanswered(state, ex, err.code or err.type, worker, err.status)
+    _count_unanswered(state, ex, err.code or err.type, None, err.status)  # as the ledger: nobody answered
     return ex.wire.error(err)
 
 
-def _count_unanswered(state: AppState, ex: Exchange, error: str, worker: str, status: int) -> None:
+def _count_unanswered(state: AppState, ex: Exchange, error: str, worker: str | None, status: int) -> None:
     """Fast mode's request that ended without an answer for its client (failed, cut at shutdown, its
     client gone), in the error, request and latency metrics: the slowest requests are often these
-    (retries, fallbacks, the deadline), so they count in the latency too."""
+    (retries, fallbacks, the deadline), so they count in the latency too. `worker` is the one its
+    ledger record names (None: "-"), not the last that failed, so the metric and the books agree."""
     state.metrics.errors.labels(error).inc()
-    state.metrics.requests.labels(worker, ex.decision.strategy, str(status)).inc()
+    state.metrics.requests.labels(worker or "-", ex.decision.strategy, str(status)).inc()
     state.metrics.observe_latency(ex.started, ex.chat.stream)
 
 

@@ -19,7 +19,8 @@ What keeps it safe and cheap:
   judging was turned off while the judge answered) still has its cost written, as a FeedbackRecord
   of source "judge_unscored" with no score, which training skips.
 Outcomes are counted in `polyroute_judge_total{tenant,outcome}`, spend in
-`polyroute_judge_cost_usd_total{tenant}`.
+`polyroute_judge_cost_usd_total{tenant}`. Each grade is traced as a `polyroute.judge` span of its own
+that links to the graded request's span (docs/observability.md, "Judge grades").
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
+from gateway import tracing
 from gateway.ledger import STORABLE_CLASSES, UNSCORED_JUDGE, FeedbackRecord
 from gateway.schemas import ChatCompletionRequest
 from gateway.store import BudgetExceeded, Limits, StoreReplyError, StoreUnavailable, to_micros
@@ -101,6 +103,9 @@ class Job:
     worker: str  # whose answer is graded
     question: str
     answer: str
+    # The graded request's span context (tracing.origin): the grade's span links to it, so a grade
+    # is found from the request it grades. None when tracing is off.
+    origin: Any = None
 
 
 MAX_IN_FLIGHT = 32  # grades running at once per gateway process (beyond: dropped as "busy")
@@ -154,7 +159,13 @@ class Judge:
             state.metrics.judge.labels(ex.tenant, skipped).inc()
             return None
         return Job(
-            ex.request_id, ex.tenant, ex.admission.data_class, worker, ex.chat.last_user_text(), answer
+            ex.request_id,
+            ex.tenant,
+            ex.admission.data_class,
+            worker,
+            ex.chat.last_user_text(),
+            answer,
+            tracing.origin(ex.trace),
         )
 
     async def start(self, state: AppState, job: Job) -> None:
@@ -169,13 +180,19 @@ class Judge:
         state.spawn(self._grade(state, job))
 
     async def _grade(self, state: AppState, job: Job) -> None:
-        try:
-            outcome = await self.grade(state, job)
-        except Exception:
-            log.exception("judging request %s failed", job.request_id)
-            outcome = "error"
-        finally:
-            self.in_flight -= 1
+        # One span per grade, its judge call a child: a trace of its own linked to the graded
+        # request's span (tracing.follow_up says why a link and not a parent).
+        attributes = {"polyroute.request_id": job.request_id, "polyroute.tenant": job.tenant}
+        with tracing.follow_up("judge", job.origin, **attributes) as span:
+            try:
+                outcome = await self.grade(state, job)
+            except Exception:
+                log.exception("judging request %s failed", job.request_id)
+                outcome = "error"
+            finally:
+                self.in_flight -= 1
+            if span is not None:
+                span.set_attribute("polyroute.judge.outcome", outcome)
         state.metrics.judge.labels(job.tenant, outcome).inc()
 
     async def grade(self, state: AppState, job: Job) -> str:

@@ -35,7 +35,7 @@ class Metrics:
         self.errors = Counter("polyroute_errors_total", "Errors by type", ["type"], registry=self.registry)
         self.worker_attempts = Counter(
             "polyroute_worker_attempts_total",
-            "Calls to workers (retries included) by outcome",
+            "Calls to workers (retries included), each once by its final outcome (a stream when it ends)",
             ["worker", "outcome"],
             registry=self.registry,
         )
@@ -87,6 +87,16 @@ class Metrics:
         """One request's latency, from `started` (time.perf_counter() when it arrived) to now: every
         request ends here once, answered, failed, cached or refused (docs/api.md promises all)."""
         self.latency.labels("true" if stream else "false").observe(time.perf_counter() - started)
+
+    def count_request(self, started: float, status: int, strategy: str, error: str | None = None) -> None:
+        """One request that calls no worker (count_tokens, a stored response read or deleted), answered
+        or not, in `polyroute_requests_total` (`strategy` says which kind; worker "-"), the latency
+        histogram and, when it ends in `error` (its code), `polyroute_errors_total`: every request is
+        on both sides of an error ratio, as a chat request is (`completions.refused`)."""
+        if error is not None:
+            self.errors.labels(error).inc()
+        self.requests.labels("-", strategy, str(status)).inc()
+        self.observe_latency(started)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -629,6 +629,11 @@ async def create(request: Request) -> Response:
         return error_response(err)
 
 
+# The `strategy` label of GET and DELETE /v1/responses/{id} in polyroute_requests_total (worker "-")
+RETRIEVE_STRATEGY = "response_get"
+DELETE_STRATEGY = "response_delete"
+
+
 async def _authorized(request: Request) -> tuple[AppState, str, dict[str, str]]:
     """GET/DELETE: the key's tenant, rate limited as one request of no tokens (as count_tokens is)."""
     state: AppState = request.app.state.polyroute
@@ -640,18 +645,21 @@ async def _authorized(request: Request) -> tuple[AppState, str, dict[str, str]]:
 
 async def retrieve(request: Request, response_id: str) -> Response:
     """GET /v1/responses/{id}: the stored response object, as it was answered."""
+    started = time.perf_counter()
     state: AppState = request.app.state.polyroute
     try:
         state, tenant, headers = await _authorized(request)
         record = await load(state, tenant, response_id)
     except APIError as err:
-        state.metrics.errors.labels(err.code or err.type).inc()
+        state.metrics.count_request(started, err.status, RETRIEVE_STRATEGY, err.code or err.type)
         return error_response(err)
+    state.metrics.count_request(started, 200, RETRIEVE_STRATEGY)
     return JSONResponse(record["response"], headers=headers)
 
 
 async def delete(request: Request, response_id: str) -> Response:
     """DELETE /v1/responses/{id}: removes it; a follow-up naming it is then a 404."""
+    started = time.perf_counter()
     state: AppState = request.app.state.polyroute
     try:
         state, tenant, headers = await _authorized(request)
@@ -665,6 +673,7 @@ async def delete(request: Request, response_id: str) -> Response:
         if not removed:
             raise _not_found(response_id, None)
     except APIError as err:
-        state.metrics.errors.labels(err.code or err.type).inc()
+        state.metrics.count_request(started, err.status, DELETE_STRATEGY, err.code or err.type)
         return error_response(err)
+    state.metrics.count_request(started, 200, DELETE_STRATEGY)
     return JSONResponse({"id": response_id, "object": "response.deleted", "deleted": True}, headers=headers)

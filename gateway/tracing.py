@@ -308,6 +308,37 @@ def step(name: str, **attributes: Any):
     return _step("polyroute." + name, attributes)
 
 
+def origin(request_trace: RequestTrace) -> trace.SpanContext | None:
+    """A request's span context, kept by work it starts that runs after its response (a judge's
+    grade: `follow_up`); None when tracing is off or the request has no span."""
+    if _tracer is None:
+        return None
+    context = request_trace.span.get_span_context()
+    return context if context.is_valid else None
+
+
+@contextmanager
+def _follow_up(name: str, cause: trace.SpanContext | None, attributes: dict[str, Any]) -> Iterator[Any]:
+    links = [trace.Link(cause)] if cause is not None else []
+    root = otel_context.Context()  # a trace of its own, whatever context the task inherited
+    with _tracer.start_as_current_span(  # type: ignore[union-attr]
+        name, context=root, kind=SpanKind.INTERNAL, links=links, attributes=attributes
+    ) as span:
+        yield span
+
+
+def follow_up(name: str, cause: trace.SpanContext | None, **attributes: Any):
+    """An INTERNAL span (`polyroute.<name>`) that roots a trace of its own, linked to `cause` (the
+    request whose work it does after that request's response: `origin`), current while the block
+    runs, so the worker calls in it are its children. A link, not a parent: the work starts once the
+    request's span has ended and may run long after (a judge waits on its budget and its worker);
+    as a child it would stretch the request's trace past what its client waited, and arrive after a
+    tail sampler's decision on that trace. Yields the span; None (a no-op context) when off."""
+    if _tracer is None:
+        return nullcontext()
+    return _follow_up("polyroute." + name, cause, attributes)
+
+
 def admitted(admission) -> None:
     """The policy's verdict on the request span (and the data class for content capture)."""
     if _tracer is not None:

@@ -732,11 +732,13 @@ class OpenStream:
     _usage: dict[str, Any] | None = None  # the provider's latest usage (a running count is replaced)
     _estimated: bool = False  # the usage was counted here, not reported by the provider
     _recorded: bool = False  # the token and cost metrics have counted this stream
+    _counted: bool = False  # `polyroute_worker_attempts_total` has counted this call (when it ended)
     attempts: tuple[Attempt, ...] = ()  # this worker's calls given up before this stream opened
 
     async def __aiter__(self) -> AsyncIterator[dict[str, Any]]:
         pending = deque((*self.prelude, self.first))  # a long prelude is let out in linear time
         last: dict[str, Any] = {}
+        outcome = CANCELLED  # closed before its end: the client left, the deadline, the shutdown
         try:
             while True:
                 raw = pending.popleft() if pending else await anext(self.rest)
@@ -760,6 +762,7 @@ class OpenStream:
                 if chunk["choices"] or usage is None:  # a usage-only chunk waits for the end
                     yield chunk
         except StopAsyncIteration:
+            outcome = "ok"
             # The provider sent no usage: litellm's token counter stands in, as it does on its path.
             usage = self._usage if self._usage is not None else self._count_usage()
             self._record()
@@ -767,16 +770,27 @@ class OpenStream:
                 yield {**last, "choices": [], "usage": usage}
             return
         except Exception as exc:
-            self.metrics.worker_attempts.labels(self.worker.name, "mid_stream_error").inc()
+            outcome = "mid_stream_error"
             err = to_worker_error(self.worker, exc)
             if self.trace is not None:
                 self.trace.failed(err)
             raise err from exc
         finally:
+            self._count(outcome)
             await self.aclose()
+
+    def _count(self, outcome: str) -> None:
+        """The call in `polyroute_worker_attempts_total`, once, with how it ended: `ok` (read to its
+        end), `mid_stream_error` (the worker failed it) or `cancelled` (closed before its end). Not
+        when it opened (`WorkerClient._with_retries` leaves a stream to this), so a stream cut
+        mid-way is one call, as the worker saw it, not an `ok` and a `mid_stream_error`."""
+        if not self._counted:
+            self._counted = True
+            self.metrics.worker_attempts.labels(self.worker.name, outcome).inc()
 
     async def aclose(self) -> None:
         """Release the upstream connection (also when the consumer stops early)."""
+        self._count(CANCELLED)  # closed without being read (counted already when it was read)
         if self.trace is not None:
             self.trace.stream_ended(self)
         close = getattr(self.rest, "aclose", None)
@@ -963,8 +977,14 @@ class WorkerClient:
             reraise=True,
         )
 
-    async def _with_retries(self, worker: Worker, attempt_fn, failed: list[Attempt] | None = None):
+    async def _with_retries(
+        self, worker: Worker, attempt_fn, failed: list[Attempt] | None = None, count_ok: bool = True
+    ):
         """Run one call with retries on transient failures; the final failure becomes a WorkerError.
+
+        Each call counts once in `polyroute_worker_attempts_total`: a failed or cut one here, an
+        answered one here too unless ``count_ok`` is False (a stream, which counts itself when it ends
+        with its final outcome: `OpenStream._count`).
 
         Each failed call is added to ``failed`` (when given) and the WorkerError carries them all
         (`WorkerError.attempts`), so the ledger can say which calls the provider may bill. Under a
@@ -1008,7 +1028,8 @@ class WorkerClient:
             if err.prompt_tokens or err.completion_tokens:  # the provider billed it all the same
                 self.metrics.record_usage(worker.name, err.prompt_tokens, err.completion_tokens, err.cost_usd)
             raise err from failure
-        self.metrics.worker_attempts.labels(worker.name, "ok").inc()
+        if count_ok:
+            self.metrics.worker_attempts.labels(worker.name, "ok").inc()
         return result
 
     async def complete(self, worker: Worker, api_base: str | None, chat: ChatCompletionRequest) -> Completion:
@@ -1109,7 +1130,7 @@ class WorkerClient:
             return prelude, first, rest
 
         failed: list[Attempt] = []
-        prelude, first, rest = await self._with_retries(worker, opened, failed)
+        prelude, first, rest = await self._with_retries(worker, opened, failed, count_ok=False)
         tracing.responded(first)
         # the header's prompt-side estimate, as every prediction counts a prompt (policies/cost.py)
         prompt_cost = litellm_cost(worker, estimate_tokens(chat.prompt_chars(), None)[0], 0)
