@@ -165,8 +165,9 @@ async def readyz(request: Request) -> JSONResponse:
         workers[name]["local"] = {"state": proc.state, "detail": proc.detail}
     policy = state.policy.status()
     store = state.auth.store
-    keys = {"backend": type(store).__name__, "ok": await asyncio.to_thread(store.ping)}
-    shared_ok = await state.stores.ping()  # always: a failed probe opens the stores' breaker
+    # both at once: a Redis that stops answering (not refusing) makes each wait its 5 s timeout
+    keys_ok, shared_ok = await asyncio.gather(asyncio.to_thread(store.ping), state.stores.ping())
+    keys = {"backend": type(store).__name__, "ok": keys_ok}
     store_ok = keys["ok"] and shared_ok
     state.store_reached = state.store_reached or store_ok
     # A shared store that stops answering makes every replica alike unable to reach it: unready, all
