@@ -77,6 +77,13 @@ class Settings(BaseModel):
     ledger_buffer_max: int = Field(
         50_000, ge=100, description="ledger records kept in memory while Redis is unreachable"
     )
+    ledger_stream_max: int | None = Field(
+        None,
+        ge=1000,
+        description="with Redis: about how many ledger records the stream keeps (the oldest are trimmed; "
+        "export them first: `polyroute ledger export`); None: every record, and Redis's memory grows "
+        "with every request",
+    )
     store_flush_interval_s: float = Field(0.2, gt=0, description="how often buffered ledger/spend is sent")
     feedback_wait_s: float = Field(
         2.0,

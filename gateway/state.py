@@ -230,7 +230,9 @@ def build_state(settings: Settings, catalog: Catalog | None = None) -> AppState:
         ),
         policy=policy,
         catalog_file=CatalogFile(catalog),
-        stores=open_stores(data_dir, settings.redis_url, settings.ledger_buffer_max),
+        stores=open_stores(
+            data_dir, settings.redis_url, settings.ledger_buffer_max, settings.ledger_stream_max
+        ),
         judge=Judge(settings.judge_seed),
     )
     if settings.local_workers:

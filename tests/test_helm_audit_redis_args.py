@@ -12,7 +12,9 @@ import time
 import pytest
 import redis
 
+from gateway import Settings
 from tests.test_helm import FULLNAME, one, render
+from tests.test_helm import gateway as gateway_container
 from tests.test_helm_audit_chart import chart  # noqa: F401  (the fixture)
 
 
@@ -62,3 +64,18 @@ def test_at_the_cap_redis_refuses_ledger_writes_and_evicts_no_key(chart_redis):
         for _ in range(10_000):  # 40 MB at most: far past the 3 MB cap
             client.xadd("polyroute:ledger", record)
     assert client.get("polyroute:keys:hash:abc") == b"an API key record"  # nothing evicted
+
+
+def test_the_ledger_stream_is_bounded_by_default_and_the_bound_can_be_lifted(chart):  # noqa: F811
+    """Without a bound the stream fills Redis up to its memory cap (noeviction), then every write is
+    refused: the chart bounds it by default (POLYROUTE_LEDGER_STREAM_MAX), 0 lifts the bound."""
+    env = {
+        e["name"]: e.get("value")
+        for e in gateway_container(render(chart, {"redis": {"enabled": True}}))["env"]
+    }
+    assert env["POLYROUTE_LEDGER_STREAM_MAX"] == "50000"
+    assert Settings.from_env(env).ledger_stream_max == 50_000
+    unbounded = gateway_container(render(chart, {"redis": {"enabled": True}, "ledgerStreamMax": 0}))["env"]
+    assert "POLYROUTE_LEDGER_STREAM_MAX" not in {e["name"] for e in unbounded}
+    without_redis = gateway_container(render(chart))["env"]
+    assert "POLYROUTE_LEDGER_STREAM_MAX" not in {e["name"] for e in without_redis}

@@ -171,7 +171,12 @@ class Stores:
             await self.redis.aclose()
 
 
-def open_stores(data_dir: Path, redis_url: str | None, ledger_buffer_max: int = 50_000) -> Stores:
+def open_stores(
+    data_dir: Path,
+    redis_url: str | None,
+    ledger_buffer_max: int = 50_000,
+    ledger_stream_max: int | None = None,
+) -> Stores:
     data_dir = Path(data_dir)
     if not redis_url:
         return Stores(
@@ -194,7 +199,9 @@ def open_stores(data_dir: Path, redis_url: str | None, ledger_buffer_max: int = 
         budgets=RedisBudgets(client, breaker, spill_path=data_dir / "budget-unsent.jsonl"),
         limiter=RedisLimiter(client, breaker),
         cache=RedisCache(client, breaker),
-        ledger=RedisLedger(blocking, breaker, data_dir / "ledger-unsent.jsonl", ledger_buffer_max),
+        ledger=RedisLedger(
+            blocking, breaker, data_dir / "ledger-unsent.jsonl", ledger_buffer_max, ledger_stream_max
+        ),
         breaker=breaker,
         redis=client,
     )

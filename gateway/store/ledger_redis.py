@@ -79,8 +79,18 @@ class RedisLedger:
     # signals: a feedback waiting for an id must poll (gateway.store.find_request).
     shared = True
 
-    def __init__(self, redis, breaker: Breaker, spill_path: Path | None, buffer_max: int = 50_000) -> None:
+    def __init__(
+        self,
+        redis,
+        breaker: Breaker,
+        spill_path: Path | None,
+        buffer_max: int = 50_000,
+        stream_max: int | None = None,
+    ) -> None:
         self._redis = redis  # a synchronous client: flush() runs in a worker thread
+        # about how many records the stream keeps (XADD MAXLEN ~, the oldest trimmed first); None:
+        # all, and Redis's memory grows with every request (Settings.ledger_stream_max)
+        self.stream_max = stream_max
         self.breaker = breaker
         self.spill_path = Path(spill_path) if spill_path is not None else None  # None: a reader only
         self.buffer_max = buffer_max
@@ -128,7 +138,8 @@ class RedisLedger:
                 self.breaker.check()
                 pipe = self._redis.pipeline(transaction=False)
                 for payload in batch:
-                    pipe.xadd(STREAM, {"r": json.dumps(payload, ensure_ascii=False, separators=(",", ":"))})
+                    record = {"r": json.dumps(payload, ensure_ascii=False, separators=(",", ":"))}
+                    pipe.xadd(STREAM, record, maxlen=self.stream_max, approximate=True)
                     if payload["type"] == "request":
                         who = json.dumps([payload["tenant"], payload.get("worker")])
                         pipe.set(INDEX_PREFIX + payload["id"], who, ex=INDEX_TTL_S)

@@ -109,6 +109,9 @@ sets from a value is here, and extraEnv may not repeat one of these names (polyr
 {{- end }}
 {{- with (include "polyroute.redisEnv" . | trim) }}
 {{ . }}
+{{- if $.Values.ledgerStreamMax }}
+- {name: POLYROUTE_LEDGER_STREAM_MAX, value: {{ $.Values.ledgerStreamMax | int | toString | quote }}}
+{{- end }}
 {{- end }}
 {{- if .Values.routerStore.existingClaim }}
 - {name: POLYROUTE_ROUTER_DIR, value: {{ .Values.routerStore.mountPath | quote }}}
@@ -136,6 +139,7 @@ POLYROUTE_WORKERS_FILE: workers
 POLYROUTE_POLICY_FILE: policy
 POLYROUTE_ADMIN_KEY: "adminKeySecret (or createSecret.adminKey)"
 REDIS_URL: "redis.url, redis.existingSecret or redis.enabled"
+POLYROUTE_LEDGER_STREAM_MAX: ledgerStreamMax
 POLYROUTE_ROUTER_DIR: routerStore.mountPath
 POLYROUTE_QDRANT_URL: "qdrant.url or qdrant.enabled"
 QDRANT_URL: "qdrant.url or qdrant.enabled"
