@@ -63,8 +63,13 @@ DEFAULT_ROUTELLM = Path(__file__).resolve().parent.parent.parent / "shared" / "d
 Backend = Annotated[str, typer.Option(help="query embedding: static (fast) or transformer (MiniLM forward)")]
 ModelKind = Annotated[
     str,
-    typer.Option(help="quality model: auto (logreg vs lightgbm on validation), logreg, lightgbm, mf, knn"),
+    typer.Option(
+        help="quality model: auto, ensemble, logreg, lightgbm, mf or knn (auto: logreg vs lightgbm on validation; "
+        "with --format or --strategy cascade, ensemble)"
+    ),
 ]
+# the seeds numpy and scikit-learn take: one outside was refused only after the data was embedded
+FIT_SEED_MAX = 2**32 - 1
 # stderr: messages and errors. soft_wrap: a message is one line however long (a path, a catalog error),
 # not cut into lines at 80 columns when stderr is a pipe or a log; tables go to their own Console().
 console = Console(stderr=True, soft_wrap=True)
@@ -458,13 +463,25 @@ def _check_chat_model(model: str, aliases, catalog) -> None:
     raise typer.Exit(2)
 
 
+def _check_explain_tenant(tenant: str) -> None:
+    """Refuse (exit 2) a blank --tenant: every API key carries a tenant (gateway.keys.check_tenant), so
+    no request comes from "", and explaining it described traffic that cannot exist. Other names
+    are explained as given (spaces, brackets): the command only reads, and shows them escaped."""
+    if not tenant.strip():
+        raise typer.BadParameter(
+            "a request always has a tenant (its API key's): name one, e.g. default", param_hint="--tenant"
+        )
+
+
 @policies_app.command("explain")
 def policies_explain(
     text: Annotated[str, typer.Option(help="the request text to judge")],
     tenant: Annotated[str, typer.Option(help="the tenant the request comes from")] = "default",
     model: Annotated[str, typer.Option(help="requested model: auto, an alias or a worker")] = "auto",
     data_class: Annotated[str | None, typer.Option(help="the request's own data-class tag")] = None,
-    max_tokens: Annotated[int | None, typer.Option(help="the request's max_tokens")] = None,
+    max_tokens: Annotated[
+        int | None, typer.Option(min=1, help="the request's max_tokens (at least 1, as the gateway takes it)")
+    ] = None,
     policy: Annotated[
         Path | None,
         typer.Option(
@@ -493,6 +510,7 @@ def policies_explain(
         load_catalog,
     )
 
+    _check_explain_tenant(tenant)
     path = _policy_file(policy, data_dir)
     try:
         engine = compile_policy(path.read_text(encoding="utf-8"), str(path))
@@ -532,6 +550,20 @@ def policies_explain(
     for exclusion in admission.excluded:
         table.add_row(exclusion.worker, "[red]no[/]", escape(exclusion.rule), escape(exclusion.reason))
     out.print(table)
+
+
+def _check_model_options(backend: str, model: str) -> None:
+    """Refuse (exit 2) an unknown --backend or --model before the data is read: the fit refused them
+    only after loading and embedding every query (minutes on real data), and with exit 1."""
+    from router.features import EMBEDDING_BACKENDS
+    from router.training import MODEL_CHOICES
+
+    if backend not in EMBEDDING_BACKENDS:
+        raise typer.BadParameter(
+            f"{backend!r}: use {' or '.join(EMBEDDING_BACKENDS)}", param_hint="--backend"
+        )
+    if model not in MODEL_CHOICES:
+        raise typer.BadParameter(f"{model!r}: use one of {', '.join(MODEL_CHOICES)}", param_hint="--model")
 
 
 def _router_dir(router_dir: Path | None, data_dir: Path | None) -> Path:
@@ -692,7 +724,7 @@ def _check_router_dir(root: Path, activate: bool) -> None:
         raise typer.Exit(1)
     try:
         read_pointer(root)
-    except (RouterLoadError, OSError) as exc:
+    except (RouterLoadError, OSError) as exc:  # a JSON list included: read_pointer refuses non-objects
         then = "the new version replaces it" if activate else "--no-activate leaves it as it is"
         console.print(f"[yellow]{escape(str(exc))}[/] ({then}; no rollback target can be read from it)")
 
@@ -859,7 +891,9 @@ def router_train(
     ] = None,
     backend: Backend = "static",
     model: ModelKind = "auto",
-    seed: Annotated[int, typer.Option(help="random seed of the validation split and the fit")] = 0,
+    seed: Annotated[
+        int, typer.Option(min=0, max=FIT_SEED_MAX, help="random seed of the validation split and the fit")
+    ] = 0,
     activate: Annotated[
         bool, typer.Option("--activate/--no-activate", help="put the new model in force")
     ] = True,
@@ -884,6 +918,7 @@ def router_train(
 
     if strategy not in ("fast", "cascade"):
         raise typer.BadParameter("use fast or cascade", param_hint="--strategy")
+    _check_model_options(backend, model)
     if sum((bool(dataset), from_ledger, fmt is not None)) != 1:
         console.print(
             "[red]give exactly one of --dataset routellm, --format FORMAT --train FILE, or --from-ledger[/]"
@@ -1081,8 +1116,6 @@ def router_status(
     damaged = None
     try:
         pointer = read_pointer(root)
-        if not isinstance(pointer, dict):
-            raise RouterLoadError(f"{root / 'current.json'}: not a JSON object")
     except (RouterLoadError, OSError) as exc:
         pointer, damaged = {}, str(exc)
     out = Console()
@@ -1125,8 +1158,9 @@ def router_rollback(
     """Put the previous model back in force (a running gateway swaps within a second)."""
     from router import RouterLoadError, rollback
 
+    root = _router_dir(router_dir, data_dir)
     try:
-        version = rollback(_router_dir(router_dir, data_dir))
+        version = rollback(root)
     except RouterLoadError as exc:
         console.print(f"[red]{escape(str(exc))}[/]")
         raise typer.Exit(1) from None
@@ -1145,8 +1179,9 @@ def router_activate(
     has estimated it."""
     from router import RouterLoadError, activate_version
 
+    root = _router_dir(router_dir, data_dir)
     try:
-        activate_version(_router_dir(router_dir, data_dir), version)
+        activate_version(root, version)  # a damaged current.json is what activating repairs
     except RouterLoadError as exc:
         console.print(f"[red]{escape(str(exc))}[/]")
         raise typer.Exit(1) from None
@@ -1178,7 +1213,9 @@ def router_eval(
     ] = None,
     backend: Backend = "static",
     model: ModelKind = "auto",
-    seed: Annotated[int, typer.Option(help="random seed of the train/test split and the fit")] = 0,
+    seed: Annotated[
+        int, typer.Option(min=0, max=FIT_SEED_MAX, help="random seed of the train/test split and the fit")
+    ] = 0,
     out: Annotated[Path | None, typer.Option(help="result JSON")] = None,
     plot: Annotated[Path | None, typer.Option(help="curves PNG")] = None,
     strategy: Annotated[
@@ -1257,6 +1294,7 @@ def router_eval(
         return
     if strategy not in ("fast", "cascade"):
         raise typer.BadParameter("use fast or cascade", param_hint="--strategy")
+    _check_model_options(backend, model)
     if onboard is not None:
         probes, onboard_repeats = _onboard_options(plot, strategy, probes, onboard_repeats)
         _router_eval_files(
@@ -1508,6 +1546,48 @@ def _router_eval_files(
     console.print(f"wrote {escape(str(out))}" + (f" and {escape(str(plot))}" if plot else ""))
 
 
+def _check_split_options(fmt: str, inputs: list[Path], out_dir: Path, test_fraction: float) -> None:
+    """Refuse (exit 2) what `router split` cannot do, before reading anything: an unknown format, a
+    fraction outside (0, 1), an --out-dir that cannot be a directory, and two inputs with one file
+    name, which both write OUT_DIR/train/<name>: the second silently replaced the first."""
+    import math
+
+    from router.offline import FORMATS
+
+    if fmt not in FORMATS:
+        raise typer.BadParameter(
+            f"{fmt!r} is not a format: use one of {', '.join(FORMATS)}", param_hint="--format"
+        )
+    if not (math.isfinite(test_fraction) and 0 < test_fraction < 1):
+        raise typer.BadParameter(f"{test_fraction} is not between 0 and 1", param_hint="--test-fraction")
+    for path in inputs:
+        if path.exists() and not path.is_file():
+            raise typer.BadParameter(f"{path} is not a file", param_hint="--input")
+    names: dict[str, Path] = {}
+    for path in inputs:
+        if path.name in names and names[path.name].resolve() != path.resolve():
+            raise typer.BadParameter(
+                f"{names[path.name]} and {path} would both be written as {path.name} under {out_dir}: "
+                "split them into two --out-dir",
+                param_hint="--input",
+            )
+        names[path.name] = path
+    for side in (out_dir / "train", out_dir / "test"):
+        if side.exists() and not side.is_dir():
+            raise typer.BadParameter(
+                f"{side} is a file, so the split cannot be written there", param_hint="--out-dir"
+            )
+    for path in (out_dir, *out_dir.parents):
+        if not path.exists():
+            continue  # created when the split is written
+        if not path.is_dir():
+            where = "" if path == out_dir else f", so {out_dir} cannot be created"
+            raise typer.BadParameter(f"{path} is a file{where}", param_hint="--out-dir")
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise typer.BadParameter(f"cannot write into {path}", param_hint="--out-dir")
+        return
+
+
 @router_app.command("split")
 def router_split(
     fmt: Annotated[str, typer.Option("--format", help="routerbench or llmrouter")],
@@ -1521,11 +1601,14 @@ def router_split(
     """A deterministic train/test split of data files by query, stratified by task, in the same format."""
     from router.offline.split import write_split
 
+    _check_split_options(fmt, input_, out_dir, test_fraction)
     try:
         counts = write_split(fmt, input_, out_dir, test_fraction, seed)
     except (ValueError, FileNotFoundError) as exc:
         console.print(f"[red]{escape(str(exc))}[/]")
         raise typer.Exit(1) from None
+    except OSError as exc:  # the disk filled, a side directory became a file meanwhile
+        _fail(f"cannot write the split under {out_dir}: {exc}")
     for path, rows in counts.items():
         console.print(f"{rows:6d} rows  {escape(str(path))}")
 
@@ -1566,6 +1649,9 @@ def ledger_export(
         TextColumn("{task.completed} records"),
         console=console,
         transient=True,
+        # a live display only on a terminal: on a pipe or a log rich cannot erase it, and ending it
+        # left a blank line on stderr, before the "no ledger" error too
+        disable=not console.is_terminal,
     ) as progress:
         task = progress.add_task("export", source=escape(source), total=None)
         tick = lambda: progress.advance(task)  # noqa: E731

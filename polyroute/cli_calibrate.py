@@ -239,6 +239,7 @@ def calibrate_command(
     (source: calibration), fit their vectors and put the new router in force. A rerun resumes. Reads
     the settings a gateway would (POLYROUTE_* env vars, REDIS_URL): its policy, ledger and workers."""
     from gateway import Settings
+    from gateway.keys import check_tenant
     from policies import CatalogError, load_catalog
     from polyroute.calibrate import (
         CalibrationError,
@@ -250,6 +251,10 @@ def calibrate_command(
     )
     from router.probes import ProbeError, load_probes
 
+    try:  # a tenant no key can carry: the policy and the ledger would be read and written for nobody
+        check_tenant(tenant)
+    except ValueError as exc:
+        raise _fail(f"--tenant: {exc}") from None
     try:
         cap = Decimal(max_cost_usd)
     except InvalidOperation:

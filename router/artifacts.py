@@ -101,11 +101,14 @@ def _version_dir(root: Path, version: str) -> Path:
 
 def read_pointer(root: Path) -> dict:
     try:
-        return json.loads((Path(root) / CURRENT).read_text())
+        pointer = json.loads((Path(root) / CURRENT).read_text())
     except FileNotFoundError:
         return {}
     except (OSError, ValueError) as exc:
         raise RouterLoadError(f"{Path(root) / CURRENT}: unreadable ({exc})") from exc
+    if not isinstance(pointer, dict):  # `[1]`, `"v1"`: every caller reads it with .get
+        raise RouterLoadError(f"{Path(root) / CURRENT}: not a JSON object")
+    return pointer
 
 
 def save_artifact(

@@ -37,7 +37,9 @@ def write_json(report: dict, path: str | Path) -> None:
     """``report`` (already :func:`jsonable`) as indented JSON; parent folders are created."""
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    staging = out.with_name(f".{out.name}.writing")  # a Ctrl-C or a full disk leaves no half JSON
+    staging.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    staging.replace(out)
 
 
 def console_for(stderr: bool = False) -> Any:
