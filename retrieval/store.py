@@ -58,11 +58,11 @@ from retrieval.engine import (
     doc_point_id,
 )
 from retrieval.text import (
-    SE_ASIAN_TEXT_VERSION,
+    SPACELESS_TEXT_VERSION,
     chunk_text,
     clean,
     content_hash,
-    has_spaceless_se_asian,
+    has_spaceless,
     normalize,
     summarize,
     title_from,
@@ -305,7 +305,7 @@ class Collection:
             orjson.dumps(doc.metadata, option=orjson.OPT_SORT_KEYS).decode(),
             f"{config.chunk_words}/{config.chunk_overlap}/{self.meta['embedder']}",
             # tokens and chunks of these scripts changed: such a document sent again is rewritten
-            *((SE_ASIAN_TEXT_VERSION,) if has_spaceless_se_asian(title + text) else ()),
+            *((SPACELESS_TEXT_VERSION,) if has_spaceless(title + text) else ()),
         )
         chunks = chunk_text(text, config.chunk_words, config.chunk_overlap)
         return DocumentInput(doc.id, text, title, doc.metadata), digest, chunks
@@ -613,8 +613,11 @@ class Collection:
             # a filled-in chunk has no BM25 score: the formula gives it its cosine (p.score, from
             # the dense query), and the list is ordered by the formula over all of them
             out.append((p.payload, p.score, lexical, dense))
-        if fill and config.fusion.kind == "formula":
-            out.sort(key=lambda item: -item[1])
+        # Best first, and equal scores in one order (document, chunk), not the engine's: RRF gives
+        # equal scores to chunks ranked a-then-b and b-then-a, and Qdrant returned them in either
+        # order, so one query's hits came in two orders from run to run (a filled-in list, too, is
+        # ordered here by the formula over all of them)
+        out.sort(key=lambda item: (-item[1], item[0]["doc"], item[0]["idx"]))
         return out
 
     def _candidates(self, mode, k, pool, sparse, vector, payload, details, hidden: set[str]):

@@ -98,16 +98,26 @@ _SE_ASIAN_MARKS = "".join(
     if unicodedata.category(chr(c)).startswith("M")
 )
 _SE_ASIAN_CLUSTER = rf"[{SPACELESS_SE_ASIAN}][{_SE_ASIAN_MARKS}]*"
-_CLUSTER = re.compile(_SE_ASIAN_CLUSTER)
-_TOKEN_RUN = re.compile(rf"(?:{_SE_ASIAN_CLUSTER})+|[^\W{SPACELESS_SE_ASIAN}]+")
-_HAS_SE_ASIAN = re.compile(rf"[{SPACELESS_SE_ASIAN}]")
+# Chinese and Japanese letters (Han, Hiragana, Katakana; not their punctuation): for search tokens a
+# character is a cluster too (with a decomposed voicing mark, if any), matched by overlapping pairs as
+# Lucene's CJK bigram filter does. As runs of `\w`, a whole clause was one token, so a word searched
+# for never matched the sentence it stands in.
+CJK_LETTERS = (
+    "\u3040-\u3098\u309b-\u30fa\u30fc-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0003134f"
+)
+SPACELESS = SPACELESS_SE_ASIAN + CJK_LETTERS
+_SPACELESS_CLUSTER = rf"[{SPACELESS}][{_SE_ASIAN_MARKS}\u3099\u309a]*"
+_CLUSTER = re.compile(_SPACELESS_CLUSTER)
+_TOKEN_RUN = re.compile(rf"(?:{_SPACELESS_CLUSTER})+|[^\W{SPACELESS}]+")
+_HAS_SPACELESS = re.compile(rf"[{SPACELESS}]")
 # Part of a document's content hash when its text holds these scripts: documents ingested before
 # their tokens and chunks changed are written again when sent again (others stay "unchanged").
-SE_ASIAN_TEXT_VERSION = "se-asian-bigrams-1"
+SPACELESS_TEXT_VERSION = "spaceless-bigrams-1"
 
 
-def has_spaceless_se_asian(text: str) -> bool:
-    return _HAS_SE_ASIAN.search(text) is not None
+def has_spaceless(text: str) -> bool:
+    """Whether ``text`` holds a script written without spaces (SPACELESS: Thai, Chinese, ...)."""
+    return _HAS_SPACELESS.search(text) is not None
 
 
 def _cluster_pairs(run: str) -> list[str]:
@@ -118,10 +128,9 @@ def _cluster_pairs(run: str) -> list[str]:
 
 
 def tokenize(text: str) -> list[str]:
-    """Lower-cased word tokens (runs of word characters in any script: a Chinese or Japanese clause,
-    written without spaces, is one token), stop words dropped, Snowball-stemmed. A run of a
-    Southeast Asian script written without spaces (Thai, Lao, Khmer, Burmese, …) gives its
-    overlapping pairs of character clusters instead (`SPACELESS_SE_ASIAN`)."""
+    """Lower-cased word tokens (runs of word characters), stop words dropped, Snowball-stemmed. A run
+    of a script written without spaces (Chinese, Japanese, Thai, Lao, Khmer, Burmese, …) gives its
+    overlapping pairs of character clusters instead (`SPACELESS`); a run of one cluster is itself."""
     global _stemmer
     if _stemmer is None:
         _stemmer = _Stemmer()
@@ -129,11 +138,11 @@ def tokenize(text: str) -> list[str]:
     cache = stemmer._cache  # inlined lookup: this loop is the indexing path's hot spot
     out = []
     normalized = normalize(text).casefold()
-    words = _TOKEN_RUN.findall(normalized) if _HAS_SE_ASIAN.search(normalized) else _WORD.findall(normalized)
+    words = _TOKEN_RUN.findall(normalized) if _HAS_SPACELESS.search(normalized) else _WORD.findall(normalized)
     for w in words:
         if w in STOP_WORDS or (len(w) == 1 and w.isascii()):
             continue
-        if _HAS_SE_ASIAN.match(w):
+        if _HAS_SPACELESS.match(w):
             out.extend(_cluster_pairs(w))
             continue
         stem = cache.get(w)

@@ -111,8 +111,8 @@ def test_thai_tokens_are_cluster_pairs_that_a_word_shares_with_its_sentence():
     assert tokenize("ພາສາລາວ") == ["ພາ", "າສ", "ສາ", "າລ", "ລາ", "າວ"]
     assert set(tokenize("ខ្មែរ")) <= set(tokenize("ភាសាខ្មែរ"))
     assert set(tokenize("ဘာသာ")) <= set(tokenize("မြန်မာဘာသာ"))
-    # English and Chinese tokens are as before
-    assert tokenize("The capital of Thailand, 中文句子") == ["capit", "thailand", "中文句子"]
+    # English tokens are as before; Chinese ones are character pairs too
+    assert tokenize("The capital of Thailand, 中文句子") == ["capit", "thailand", "中文", "文句", "句子"]
 
 
 def test_thai_text_is_chunked_by_about_a_word_and_never_splits_a_letter_from_its_marks():
@@ -124,3 +124,28 @@ def test_thai_text_is_chunked_by_about_a_word_and_never_splits_a_letter_from_its
         assert not unicodedata.category(chunk.text[0]).startswith("M"), chunk.text[:5]
     title = clip_words(THAI_CAPITAL, 3)
     assert title.endswith(" …") and len(title) < 40, title
+
+
+# Chinese and Japanese: a clause was one BM25 token, so a word searched for matched no sentence that
+# holds it among other characters. Now overlapping character pairs, as for Thai.
+CJK_DOCUMENTS = [
+    {"id": "beijing", "text": "北京是中国的首都，也是政治和文化中心。"},
+    {"id": "tea", "text": "中国人喜欢喝绿茶，茶文化历史悠久。"},
+    {"id": "tokyo", "text": "東京タワーは東京の港区にある電波塔です。"},
+]
+
+
+def test_searching_a_chinese_or_japanese_word_finds_the_document_that_holds_it(tgw: Gateway):
+    answer = httpx.post(
+        f"{tgw.v1}/collections/cjk/documents",
+        headers=tgw.auth(),
+        json={"documents": CJK_DOCUMENTS},
+        timeout=120,
+    )
+    assert answer.status_code == 200, answer.text
+    for query, expected in (("首都", "beijing"), ("绿茶", "tea"), ("電波塔", "tokyo")):
+        hits = search(tgw, "cjk", query, "bm25")
+        assert hits and hits[0]["document_id"] == expected, (query, hits)
+        assert hits[0]["bm25_score"] > 0
+    assert tokenize("北京是中国的首都") == ["北京", "京是", "是中", "中国", "国的", "的首", "首都"]
+    assert tokenize("首都") == ["首都"]
