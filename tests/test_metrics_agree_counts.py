@@ -23,6 +23,7 @@ import pytest
 from policies import parse_catalog
 from tests.conftest import catalog_yaml_for, ledger_record, start_gateway, stream_and_hang_up
 from tests.test_compose_accounting import requests_in
+from tests.test_observe_audit_metrics import delta
 from tests.test_worker_faults_more_books import holding
 
 MESSAGES = [{"role": "user", "content": "hello there friend"}]
@@ -52,18 +53,6 @@ def scrape(gw) -> dict[str, float]:
             series, value = line.rsplit(" ", 1)
             samples[series] = float(value)
     return samples
-
-
-def total(samples: dict[str, float], name: str, **labels: str) -> float:
-    return sum(
-        value
-        for series, value in samples.items()
-        if series.startswith(name + "{") and all(f'{k}="{v}"' in series for k, v in labels.items())
-    )
-
-
-def delta(before: dict[str, float], after: dict[str, float], name: str, **labels: str) -> float:
-    return total(after, name, **labels) - total(before, name, **labels)
 
 
 def scrape_until(gw, done, what: str) -> dict[str, float]:
