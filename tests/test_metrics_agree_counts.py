@@ -14,7 +14,6 @@ Real parts only: a gateway on uvicorn in front of the loopback test upstream; co
 
 from __future__ import annotations
 
-import threading
 import time
 
 import httpx
@@ -23,8 +22,8 @@ import pytest
 from policies import parse_catalog
 from tests.conftest import catalog_yaml_for, ledger_record, start_gateway, stream_and_hang_up
 from tests.test_compose_accounting import requests_in
+from tests.test_cut_booking_shutdown import cut_cheaps_retry_at_shutdown
 from tests.test_observe_audit_metrics import delta
-from tests.test_worker_faults_more_books import holding
 
 MESSAGES = [{"role": "user", "content": "hello there friend"}]
 LONG_TEXT = " ".join(f"word{i}" for i in range(60))
@@ -217,26 +216,8 @@ def test_a_call_cut_at_shutdown_is_labelled_with_no_worker_as_in_the_ledger(fake
     """cheap refuses (503) and its retry is held at the upstream when the gateway stops: the ledger's
     503 record names no worker, and so does the request metric (it named cheap)."""
     gw = start_gateway(parse_catalog(catalog_yaml_for(fake.url)), tmp_path / "data", retries=1)
-    fake.behave("cheap-model", status=503, fail_times=1)
     body = {"model": "auto", "messages": [{"role": "user", "content": "Say hello"}]}
-
-    def client() -> None:
-        try:
-            httpx.post(gw.v1 + "/chat/completions", headers=gw.auth(), json=body, timeout=WAIT_S)
-        except httpx.HTTPError:  # the connection goes with the server
-            pass
-
-    thread = threading.Thread(target=client)
-    with holding(fake, "cheap-model", after=1):
-        thread.start()
-        try:
-            deadline = time.monotonic() + WAIT_S
-            while len(fake.requests_for("cheap-model")) < 2:  # the retry is in flight, held
-                assert time.monotonic() < deadline, "cheap's retry never reached the upstream"
-                time.sleep(0.05)
-        finally:
-            gw.server.stop()  # the request is cancelled after the graceful timeout
-            thread.join(WAIT_S)
+    cut_cheaps_retry_at_shutdown(fake, gw, body)
     [record] = requests_in(gw.data_dir)
     assert record["status"] == 503 and record["worker"] is None, record
     counted = {
