@@ -29,7 +29,6 @@ from policies import (
     PolicyRequestError,
     Spend,
     Worker,
-    admit,
 )
 from router import list_versions
 from router.learned import resolve_cost_weight
@@ -153,14 +152,13 @@ async def readyz(request: Request) -> JSONResponse:
     state = _state(request)
     catalog = state.catalog  # one version for the whole answer: the catalog is hot-reloaded
     admission = state.availability(catalog)
-    workers: dict[str, dict[str, Any]] = {w.name: {"ready": True} for w in admission.pool}
-    for exclusion in admission.excluded:
-        workers[exclusion.worker] = {"ready": False, "reason": exclusion.reason}
-    embedding = admit(catalog, down=state.down_workers(catalog), kind=Kind.embedding)
-    for worker in embedding.pool:
-        workers[worker.name] = {"ready": True, "kind": "embedding"}
-    for exclusion in embedding.excluded:
-        workers[exclusion.worker] = {"ready": False, "reason": exclusion.reason, "kind": "embedding"}
+    workers: dict[str, dict[str, Any]] = {}
+    for available, marks in (
+        (admission, {}),
+        (state.availability(catalog, Kind.embedding), {"kind": "embedding"}),
+    ):
+        workers |= {w.name: {"ready": True, **marks} for w in available.pool}
+        workers |= {e.worker: {"ready": False, "reason": e.reason, **marks} for e in available.excluded}
     for name, proc in state.local.items():
         workers[name]["local"] = {"state": proc.state, "detail": proc.detail}
     policy = state.policy.status()

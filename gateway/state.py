@@ -104,10 +104,10 @@ class AppState:
                 down[worker.name] = reason
         return down
 
-    def availability(self, catalog: Catalog | None = None) -> Admission:
-        """Which workers can be called at all, before any policy (for /v1/models and /readyz)."""
+    def availability(self, catalog: Catalog | None = None, kind: Kind = Kind.chat) -> Admission:
+        """Which workers of `kind` can be called at all, before any policy (for /v1/models and /readyz)."""
         catalog = catalog or self.catalog
-        return admit(catalog, down=self.down_workers(catalog))
+        return admit(catalog, down=self.down_workers(catalog), kind=kind)
 
     def set_worker_up(self, catalog: Catalog) -> None:
         """polyroute_worker_up for every worker of `catalog`, chat and embedding: 1 callable (key set,
