@@ -223,12 +223,7 @@ def ignored_params(
     if not checked:
         return ()
     key = (provider, model, tuple(sorted((k, _shape(k, v)) for k, v in checked.items())))
-    found = _IGNORED.get(key)
-    if found is None:
-        found = _left_out(provider, model, checked, messages())
-        if len(_IGNORED) >= MAX_CACHED_IGNORED:
-            _IGNORED.clear()
-        _IGNORED[key] = found
+    found = _cached(_IGNORED, key, lambda: _left_out(provider, model, checked, messages()))
     if "tools" in checked and "tools" not in found:
         found += tool_fields_left_out(provider, model, checked["tools"], messages)
     return found
@@ -284,13 +279,22 @@ def tool_fields_left_out(
     )
     if not asked:
         return ()
-    key = (provider, model, asked)
-    found = _TOOLS_IGNORED.get(key)
+    return _cached(
+        _TOOLS_IGNORED,
+        (provider, model, asked),
+        lambda: _tool_fields_left_out(provider, model, tools, asked, messages()),
+    )
+
+
+def _cached(cache: dict, key: Any, compute: Callable[[], tuple[str, ...]]) -> tuple[str, ...]:
+    """``cache[key]``, computed once; the cache is emptied when it holds MAX_CACHED_IGNORED (a bound
+    against shapes without end, as many as a provider's mapping can tell apart)."""
+    found = cache.get(key)
     if found is None:
-        found = _tool_fields_left_out(provider, model, tools, asked, messages())
-        if len(_TOOLS_IGNORED) >= MAX_CACHED_IGNORED:
-            _TOOLS_IGNORED.clear()
-        _TOOLS_IGNORED[key] = found
+        found = compute()
+        if len(cache) >= MAX_CACHED_IGNORED:
+            cache.clear()
+        cache[key] = found
     return found
 
 
